@@ -1,0 +1,162 @@
+"""The ``rlx`` command line. Heavy libraries load only inside the commands that use them."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import List, Optional
+
+import typer
+
+from rlx.plugins import PluginError, get_host
+from rlx.registry import RegistryError
+
+app = typer.Typer(help="rlx: RLHF research platform. `rlx train --algo grpo` runs the built-in demo.",
+                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+plugins_app = typer.Typer(help="Installed plugins.", no_args_is_help=True)
+algos_app = typer.Typer(help="Installed algorithms.", no_args_is_help=True)
+app.add_typer(plugins_app, name="plugins")
+app.add_typer(algos_app, name="algos")
+
+# First-party algorithms and the distribution that provides each.
+FIRST_PARTY = {
+    "sft": "rlx-sft", "rm": "rlx-rm", "ppo": "rlx-ppo", "grpo": "rlx-grpo", "dr_grpo": "rlx-grpo",
+    "gspo": "rlx-grpo", "reinforce_pp": "rlx-reinforce-pp", "reinforce_pp_baseline": "rlx-reinforce-pp",
+    "rloo": "rlx-rloo", "dpo": "rlx-dpo", "ipo": "rlx-dpo", "kto": "rlx-kto", "simpo": "rlx-simpo",
+    "orpo": "rlx-orpo",
+}
+
+
+def fail(message: str, code: int = 2) -> None:
+    typer.secho(f"Error: {message}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(code)
+
+
+def _host(local: list[str] | None = None):
+    try:
+        host = get_host(tuple(local or ()))
+    except (PluginError, RegistryError) as e:
+        fail(str(e))
+    for dist, error in host.failures.items():
+        typer.secho(f"Warning: plugin {dist} failed to load: {error}", fg=typer.colors.YELLOW, err=True)
+    return host
+
+
+def unknown_algorithm(name: str, host) -> str:
+    installed = ", ".join(host.algorithms) or "none"
+    package = FIRST_PARTY.get(name)
+    where = (f"It is provided by {package}: pip install {package} (or pip install -e plugins/algorithms/...)."
+             if package else f"No known package provides it; a plugin would register it through the 'rlx' entry points.")
+    return f"algorithm {name!r} is not installed. Installed: {installed}. {where}"
+
+
+@app.command()
+def train(
+    algo: str = typer.Option("grpo", "--algo", "-a", help="algorithm to run (see `rlx algos list`)"),
+    config: Optional[str] = typer.Option(None, "--config", "-c", help="YAML run config"),
+    model: Optional[str] = typer.Option(None, "--model", help="model folder or hub name (model.path)"),
+    data: Optional[str] = typer.Option(None, "--data", help="data file, folder, hub name or builtin:TASK (data.path)"),
+    output: Optional[str] = typer.Option(None, "--output", "-o", help="output folder"),
+    max_steps: Optional[int] = typer.Option(None, "--max-steps", help="stop after N optimizer steps"),
+    overrides: Optional[List[str]] = typer.Option(None, "--set", "-s", help="dotted.key=value override, repeatable"),
+    plugin: Optional[List[str]] = typer.Option(None, "--plugin", help="local plugin module:attr, repeatable"),
+    resume: bool = typer.Option(False, "--resume", help="continue from the latest checkpoint in the output folder"),
+):
+    """Train a model with an installed algorithm."""
+    from rlx.config import ConfigError, load_yaml, parse_override, set_dotted, resolve
+
+    try:
+        tree = load_yaml(config) if config else {}
+        local = list(plugin or []) + list(tree.get("plugins") or [])
+        host = _host(local)
+        if algo not in host.algorithms:
+            fail(unknown_algorithm(algo, host))
+        spec = host.algorithms.get(algo)
+        for key, value in [("model.path", model), ("data.path", data), ("output", output),
+                           ("training.max_steps", max_steps)]:
+            if value is not None:
+                set_dotted(tree, key, value)
+        for text in overrides or []:
+            set_dotted(tree, *parse_override(text))
+        tree["plugins"] = local
+        run_config = resolve(spec, tree)
+    except ConfigError as e:
+        fail(str(e))
+
+    from rlx.run import RunError, run
+
+    try:
+        run(run_config, host, resume=resume)
+    except RunError as e:
+        fail(str(e), code=1)
+
+
+@plugins_app.command("list")
+def plugins_list(as_json: bool = typer.Option(False, "--json", help="print JSON")):
+    """Show each plugin's distribution, version, hooks and components."""
+    host = _host()
+    rows = [
+        {"name": p.name, "version": p.version, "hooks": p.hooks, "components": p.components}
+        for p in host.plugins.values()
+    ]
+    failed = [{"name": d, "error": e} for d, e in host.failures.items()]
+    if as_json:
+        typer.echo(json.dumps({"plugins": rows, "failed": failed}, indent=2))
+        return
+    for row in rows:
+        typer.echo(f"{row['name']} {row['version'] or ''}".rstrip())
+        typer.echo(f"  hooks: {', '.join(row['hooks'])}")
+        for kind, names in row["components"].items():
+            typer.echo(f"  {kind}: {', '.join(names)}")
+    for row in failed:
+        typer.echo(f"{row['name']} FAILED: {row['error']}")
+
+
+@algos_app.command("list")
+def algos_list():
+    """List installed algorithms."""
+    host = _host()
+    for name in host.algorithms:
+        spec = host.algorithms.get(name)
+        typer.echo(f"{name:24s} {spec.loop:8s} {spec.description}  [{host.algorithms.providers[name]}]")
+
+
+@algos_app.command("show")
+def algos_show(name: str):
+    """Show an algorithm's parts and every config key with type, default and help."""
+    from rlx.config import RunConfig, describe_fields
+
+    host = _host()
+    if name not in host.algorithms:
+        fail(unknown_algorithm(name, host))
+    spec = host.algorithms.get(name)
+    typer.echo(f"{spec.name}: {spec.description}")
+    typer.echo(f"provided by {host.algorithms.providers[name]}; loop: {spec.loop}")
+    for part in ("data", "head", "estimator", "policy_loss", "value_loss", "preference_loss"):
+        value = getattr(spec, part)
+        if value is not None:
+            typer.echo(f"  {part}: {value}")
+    typer.echo(f"  needs_reference: {spec.needs_reference}")
+    rows = []
+    if spec.config is not object:
+        rows += describe_fields(spec.config, "algorithm.")
+    rows += describe_fields(RunConfig)
+    overrides = spec.defaults
+    typer.echo("\nconfig keys (key, type, default, help):")
+    for key, tp, default, help_text in rows:
+        if key in ("algo", "algorithm"):
+            continue
+        default = overrides.get(key, default)
+        typer.echo(f"  {key} ({tp}) = {default!r}\n      {help_text}")
+
+
+def main() -> None:
+    # Plugins may add commands; a broken plugin must not break the CLI.
+    try:
+        host = get_host()
+        host.hook.register_commands(app=app)
+    except (PluginError, RegistryError) as e:
+        typer.secho(f"Error: {e}", fg=typer.colors.RED, err=True)
+        if sys.argv[1:2] != ["--help"]:
+            raise SystemExit(2)
+    app()

@@ -1,0 +1,31 @@
+"""What an algorithm plugin registers: a frozen spec naming its parts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+
+@dataclass(frozen=True)
+class AlgorithmSpec:
+    """An algorithm is a combination of registered parts, chosen by name.
+
+    ``loop`` picks the trainer: ``"offline"`` (SFT, reward models, DPO, KTO) or
+    ``"online"`` (PPO, GRPO ...). ``data`` names the row format the offline loop reads:
+    ``"sft"`` (prompt + response or messages), ``"pairs"`` (prompt, chosen, rejected)
+    or ``"unpaired"`` (prompt, completion, desirable flag). ``head`` is ``"lm"`` for a
+    causal LM and ``"value"`` for a model with a scalar head (reward models).
+    """
+
+    name: str
+    description: str
+    loop: Literal["offline", "online"]
+    config: type = field(default=object)
+    data: Literal["sft", "pairs", "unpaired", "prompts"] = "sft"
+    head: Literal["lm", "value"] = "lm"
+    estimator: str | None = None
+    policy_loss: str | None = None
+    value_loss: str | None = None
+    preference_loss: str | None = None
+    needs_reference: bool = False
+    defaults: dict[str, Any] = field(default_factory=dict)  # dotted overrides of the run config

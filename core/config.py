@@ -1,0 +1,340 @@
+"""The run configuration: one typed tree, from YAML plus dotted overrides.
+
+Every section is a dataclass whose fields carry a ``help`` text. Unknown keys and
+values of the wrong type fail here, before any model loads, naming the key and the
+nearest valid one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def opt(default: Any, help: str) -> Any:
+    """A config field with a default and a help text."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class LoraConfig:
+    rank: int = opt(0, "LoRA rank; 0 trains all weights")
+    alpha: int = opt(16, "LoRA alpha")
+    dropout: float = opt(0.0, "LoRA dropout")
+    target_modules: list[str] = opt(["all-linear"], "modules that get adapters (peft names)")
+
+
+@dataclass
+class ModelConfig:
+    path: str = opt("builtin:tiny", "model folder, hub name, or builtin:NAME for a model rlx makes locally")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = opt("auto", "weights dtype; auto is float32 on CPU, bfloat16 on GPU")
+    attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = opt(
+        "auto", "attention kernel; auto takes flash-attn when installed, else SDPA")
+    gradient_checkpointing: bool = opt(False, "recompute activations in the backward pass to save memory")
+    trust_remote_code: bool = opt(False, "allow model code from the model folder")
+    lora: LoraConfig = field(default_factory=LoraConfig)
+
+
+@dataclass
+class DataConfig:
+    path: str = opt("builtin:arithmetic", "json/jsonl/csv/parquet file, save_to_disk folder, hub name, or builtin:TASK")
+    split: str = opt("train", "split to train on")
+    eval_path: str = opt("", "separate evaluation data; empty holds out eval_size rows of the training data")
+    eval_size: int = opt(64, "rows held out for evaluation when eval_path is empty (0: none)")
+    prompt_key: str = opt("prompt", "column holding the prompt (text or chat messages)")
+    response_key: str = opt("response", "column holding the target response (SFT)")
+    messages_key: str = opt("messages", "column holding a multi-turn chat (SFT); used when present")
+    label_key: str = opt("label", "column holding the reference answer (RL rewards)")
+    chosen_key: str = opt("chosen", "column holding the preferred response (pairs)")
+    rejected_key: str = opt("rejected", "column holding the dispreferred response (pairs)")
+    completion_key: str = opt("completion", "column holding the completion (unpaired data)")
+    desirable_key: str = opt("desirable", "column holding the desirable flag (unpaired data)")
+    chat_template: str = opt("auto", "auto: the tokenizer's template when it has one; none: plain text; else a Jinja template or a file holding one")
+    max_prompt_length: int = opt(256, "prompts longer than this (tokens) are truncated from the left")
+    max_length: int = opt(512, "prompt + response longer than this (tokens) is truncated")
+    max_samples: int = opt(0, "use at most this many training rows (0: all)")
+    skip_bad_rows: bool = opt(False, "skip malformed rows (counted in the log) instead of failing")
+    builtin_size: int = opt(2000, "rows generated for a builtin: task")
+
+
+@dataclass
+class TrainingConfig:
+    backend: Literal["plain", "deepspeed"] = opt("plain", "training engine: plain PyTorch on one device, or DeepSpeed ZeRO")
+    zero_stage: int = opt(2, "DeepSpeed ZeRO stage (0-3)")
+    offload_optimizer: bool = opt(False, "DeepSpeed: keep optimizer states on the CPU")
+    offload_params: bool = opt(False, "DeepSpeed ZeRO-3: keep parameters on the CPU")
+    device: str = opt("auto", "auto, cpu, cuda or cuda:N")
+    lr: float = opt(1e-4, "peak learning rate")
+    weight_decay: float = opt(0.0, "AdamW weight decay")
+    adam_betas: list[float] = opt([0.9, 0.95], "AdamW betas")
+    scheduler: Literal["constant", "cosine", "linear"] = opt("cosine", "learning-rate schedule after warmup")
+    warmup_steps: int = opt(0, "linear warmup steps")
+    min_lr_ratio: float = opt(0.1, "final learning rate as a fraction of lr (cosine, linear)")
+    max_grad_norm: float = opt(1.0, "clip the global gradient norm (0: off)")
+    batch_size: int = opt(32, "samples per optimizer step (the train batch)")
+    micro_batch_size: int = opt(8, "samples per forward/backward pass; never changes the result")
+    epochs: int = opt(1, "passes over the data (offline algorithms)")
+    max_steps: int = opt(0, "stop after this many optimizer steps (0: run all epochs)")
+    packing: bool = opt(False, "pack several samples into one row without padding")
+    eval_every: int = opt(0, "evaluate every N steps (0: only at the end)")
+    seed: int = opt(42, "seed for data order, initialisation and sampling")
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = opt(0, "save a resumable checkpoint every N steps (0: only at the end)")
+    keep: int = opt(2, "checkpoints to keep (the oldest are deleted)")
+    save_final: bool = opt(True, "save the final model in Hugging Face format under final/")
+
+
+@dataclass
+class LoggingConfig:
+    tensorboard: bool = opt(True, "write TensorBoard event files")
+    progress: bool = opt(True, "show a progress bar")
+    log_every: int = opt(1, "write metrics every N steps")
+
+
+@dataclass
+class RunConfig:
+    algo: str = opt("", "algorithm name")
+    output: str = opt("", "output folder (default: runs/ALGO-TIMESTAMP)")
+    plugins: list[str] = opt([], "local plugins as module:attr, loaded beside the installed ones")
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    algorithm: Any = None  # the algorithm's own config class
+
+
+# ---------------------------------------------------------------------------
+# building a typed tree from plain data
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _describe(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(_describe(a) for a in typing.get_args(tp))
+    if origin is list:
+        return f"list[{_describe(typing.get_args(tp)[0])}]"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return value
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        if value not in choices:
+            hint = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
+            extra = f" Did you mean {hint[0]!r}?" if hint else ""
+            raise ConfigError(f"{key}: {value!r} is not one of {', '.join(map(repr, choices))}.{extra}")
+        return value
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, key)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if errors else f"{key}: bad value {value!r}")
+    if origin is list:
+        (item,) = typing.get_args(tp)
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()] if value else []
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        return [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        return dict(value)
+    if dataclasses.is_dataclass(tp):
+        return build(tp, value, key)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}: expected true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)  # YAML 1.1 reads 1e-5 as a string
+            except ValueError:
+                pass
+        raise ConfigError(f"{key}: expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"{key}: expected a string, got {value!r}")
+    raise ConfigError(f"{key}: unsupported type {tp!r}")
+
+
+def _unknown(key: str, name: str, valid: list[str]) -> ConfigError:
+    hint = difflib.get_close_matches(name, valid, n=1, cutoff=0.5)
+    where = f"{key}.{name}" if key else name
+    extra = f" Did you mean {(key + '.' if key else '') + hint[0]!r}?" if hint else ""
+    return ConfigError(f"unknown config key {where!r}.{extra} Valid keys here: {', '.join(valid)}")
+
+
+def build(cls: type, data: Any, key: str = "") -> Any:
+    """Make a ``cls`` dataclass from a mapping, checking every key and value."""
+    if data is None:
+        data = {}
+    if dataclasses.is_dataclass(data) and not isinstance(data, type):
+        data = dataclasses.asdict(data)
+    if not isinstance(data, dict):
+        raise ConfigError(f"{key or 'config'}: expected a mapping, got {data!r}")
+    hints = _hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for name, value in data.items():
+        if name not in hints:
+            raise _unknown(key, name, names)
+        kwargs[name] = _coerce(value, hints[name], f"{key}.{name}" if key else name)
+    return cls(**kwargs)
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``training.lr=1e-5`` -> ("training.lr", 1e-05), the value read as YAML."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} is not of the form dotted.key=value")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"override {text!r} has no key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key, value
+
+
+def set_dotted(tree: dict, key: str, value: Any) -> None:
+    node = tree
+    parts = key.split(".")
+    for part in parts[:-1]:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        elif not isinstance(child, dict):
+            raise ConfigError(f"{key}: {part!r} is a value, not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def load_yaml(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {str(path)!r} is not valid YAML: {e}") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(path)!r} must hold a mapping at the top level")
+    return data
+
+
+def resolve(spec, tree: dict) -> RunConfig:
+    """Build the run config for algorithm ``spec`` from a plain tree.
+
+    The algorithm's own ``defaults`` (dotted keys) apply first, then the tree.
+    """
+    merged: dict = {}
+    for key, value in spec.defaults.items():
+        set_dotted(merged, key, value)
+    _deep_update(merged, tree)
+    algorithm = merged.pop("algorithm", None)
+    merged["algo"] = spec.name
+    config = build(RunConfig, merged)
+    config.algorithm = build(spec.config, algorithm, "algorithm") if spec.config is not object else None
+    validate(config)
+    return config
+
+
+def _deep_update(dst: dict, src: dict) -> None:
+    for k, v in src.items():
+        if isinstance(v, dict) and isinstance(dst.get(k), dict):
+            _deep_update(dst[k], v)
+        else:
+            dst[k] = v
+
+
+def validate(config: RunConfig) -> None:
+    t = config.training
+    checks = [
+        (t.batch_size > 0, "training.batch_size must be positive"),
+        (t.micro_batch_size > 0, "training.micro_batch_size must be positive"),
+        (t.batch_size % t.micro_batch_size == 0,
+         f"training.batch_size ({t.batch_size}) must be a multiple of training.micro_batch_size ({t.micro_batch_size})"),
+        (t.lr >= 0, "training.lr must not be negative"),
+        (t.epochs > 0, "training.epochs must be positive"),
+        (t.max_steps >= 0, "training.max_steps must not be negative"),
+        (0 <= t.zero_stage <= 3, "training.zero_stage must be 0, 1, 2 or 3"),
+        (len(t.adam_betas) == 2, "training.adam_betas needs two numbers"),
+        (config.data.max_length > 0, "data.max_length must be positive"),
+        (config.model.lora.rank >= 0, "model.lora.rank must not be negative"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(message)
+    check = getattr(config.algorithm, "validate", None)
+    if check is not None:
+        check(config)
+
+
+def to_dict(config: RunConfig) -> dict:
+    return dataclasses.asdict(config)
+
+
+def describe_fields(cls: type, prefix: str = "") -> list[tuple[str, str, Any, str]]:
+    """(dotted key, type, default, help) for every leaf field of a config class."""
+    rows = []
+    hints = _hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        key = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(tp):
+            rows.extend(describe_fields(tp, key + "."))
+            continue
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            default = None
+        rows.append((key, _describe(tp), default, f.metadata.get("help", "")))
+    return rows

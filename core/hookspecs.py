@@ -1,0 +1,117 @@
+"""The hooks rlx plugins implement.
+
+Registration hooks are called once per process with a ``register(name, component)``
+callable. Observer hooks are called by the training loops with keyword arguments.
+A hook may gain arguments over time but never loses one: implementations may accept
+fewer arguments than the spec names.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import pluggy
+
+hookspec = pluggy.HookspecMarker("rlx")
+hookimpl = pluggy.HookimplMarker("rlx")
+
+Register = Callable[[str, Any], None]
+
+
+@hookspec
+def register_algorithms(register: Register) -> None:
+    """Register algorithms: ``register(name, AlgorithmSpec(...))``."""
+
+
+@hookspec
+def register_advantage_estimators(register: Register) -> None:
+    """Register advantage estimators: ``register(name, fn)``, where
+    ``fn(rewards, mask, *, values, n_samples, config) -> (advantages, returns)``."""
+
+
+@hookspec
+def register_policy_losses(register: Register) -> None:
+    """Register policy losses: ``register(name, fn)``, where
+    ``fn(logp, old_logp, advantages, mask, *, config) -> (per_token_loss, metrics)``."""
+
+
+@hookspec
+def register_value_losses(register: Register) -> None:
+    """Register critic losses: ``register(name, fn)``, where
+    ``fn(values, old_values, returns, mask, *, config) -> (per_token_loss, metrics)``."""
+
+
+@hookspec
+def register_preference_losses(register: Register) -> None:
+    """Register offline pairwise/unpaired losses: ``register(name, fn)``, where
+    ``fn(scores: PreferenceScores, *, config) -> (loss, metrics)``."""
+
+
+@hookspec
+def register_reward_functions(register: Register) -> None:
+    """Register rule rewards: ``register(name, fn)``, where
+    ``fn(prompts, completions, labels, **columns) -> list[float] | dict``."""
+
+
+@hookspec
+def register_reward_models(register: Register) -> None:
+    """Register reward-model loaders: ``register(name, factory)``, where
+    ``factory(path, *, config) -> scorer`` and ``scorer(prompts, completions) -> list[float]``."""
+
+
+@hookspec
+def register_samplers(register: Register) -> None:
+    """Register rollout-group samplers (filters, curricula): ``register(name, factory)``,
+    where ``factory(config) -> sampler``."""
+
+
+@hookspec
+def register_vlm_processors(register: Register) -> None:
+    """Register multimodal processors: ``register(name, factory)``, where
+    ``factory(model_path, *, config) -> processor``."""
+
+
+@hookspec
+def register_tasks(register: Register) -> None:
+    """Register built-in synthetic tasks, used as ``--data builtin:NAME``:
+    ``register(name, Task(...))``."""
+
+
+@hookspec
+def register_commands(app: Any) -> None:
+    """Add sub-commands to the ``rlx`` typer application."""
+
+
+@hookspec
+def on_train_start(config: Any, output_dir: str) -> None:
+    """Called once a run's config is resolved and its output folder exists."""
+
+
+@hookspec
+def on_rollout_end(step: int, rollout: Any, metrics: dict[str, float]) -> None:
+    """Called after a rollout batch is generated, scored and given advantages."""
+
+
+@hookspec
+def on_step_end(step: int, metrics: dict[str, float]) -> None:
+    """Called after each optimizer step with the metrics logged for it."""
+
+
+@hookspec
+def on_eval_end(step: int, metrics: dict[str, float]) -> None:
+    """Called after each evaluation with its metrics."""
+
+
+@hookspec
+def on_train_end(output_dir: str, metrics: dict[str, float]) -> None:
+    """Called once a run has finished and its final model is saved."""
+
+
+@hookspec(firstresult=True)
+def choose_rollout_engine(config: Any) -> str | None:
+    """Name the rollout engine for a run (``"native"``, ``"vllm"`` ...); first answer wins."""
+
+
+@hookspec(firstresult=True)
+def choose_train_backend(config: Any) -> str | None:
+    """Name the training backend for a run (``"plain"``, ``"deepspeed"``); first answer wins."""

@@ -1,0 +1,193 @@
+"""The plugin host: entry-point discovery, selection and the component registries.
+
+Every first-party feature is a plugin found through the ``rlx`` entry-point group, the
+same way a third-party one is. ``RLX_LOAD_PLUGINS`` (comma-separated distribution
+names) loads only those; ``RLX_DISABLE_PLUGINS`` skips some. ``RLX_TRACE_PLUGINS=1``
+prints every hook call.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any
+
+import pluggy
+
+from rlx import hookspecs
+from rlx.registry import Registry, RegistryError
+
+GROUP = "rlx"
+
+# Core modules that register built-in components through the same hooks plugins use.
+DEFAULT_PLUGINS = ["rlx.tasks"]
+
+# registration hook name -> registry kind
+REGISTRIES = {
+    "register_algorithms": "algorithm",
+    "register_advantage_estimators": "advantage estimator",
+    "register_policy_losses": "policy loss",
+    "register_value_losses": "value loss",
+    "register_preference_losses": "preference loss",
+    "register_reward_functions": "reward function",
+    "register_reward_models": "reward model",
+    "register_samplers": "sampler",
+    "register_vlm_processors": "VLM processor",
+    "register_tasks": "task",
+}
+
+
+class PluginError(Exception):
+    pass
+
+
+@dataclass
+class PluginInfo:
+    name: str  # distribution name, or module:attr for a local plugin
+    version: str | None
+    hooks: list[str] = field(default_factory=list)
+    components: dict[str, list[str]] = field(default_factory=dict)
+
+
+@dataclass
+class Host:
+    pm: pluggy.PluginManager
+    registries: dict[str, Registry]
+    plugins: dict[str, PluginInfo]
+    failures: dict[str, str]  # distribution -> error text
+
+    def registry(self, hook: str) -> Registry:
+        return self.registries[hook]
+
+    @property
+    def algorithms(self) -> Registry:
+        return self.registries["register_algorithms"]
+
+    def get(self, hook: str, name: str) -> Any:
+        return self.registries[hook].get(name)
+
+    @property
+    def hook(self):
+        return self.pm.hook
+
+
+def _split_env(name: str) -> set[str] | None:
+    value = os.environ.get(name)
+    if value is None:
+        return None
+    return {v.strip() for v in value.split(",") if v.strip()}
+
+
+def _entry_points():
+    return sorted(metadata.entry_points(group=GROUP), key=lambda ep: (ep.dist.name if ep.dist else "", ep.name))
+
+
+def _load_object(spec: str) -> Any:
+    if ":" in spec:
+        module_name, attr = spec.split(":", 1)
+    else:
+        module_name, attr = spec, None
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as e:
+        raise PluginError(f"local plugin {spec!r} failed to import: {type(e).__name__}: {e}") from e
+    if attr is None:
+        return module
+    try:
+        obj = module
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except AttributeError as e:
+        raise PluginError(f"local plugin {spec!r}: module {module_name!r} has no attribute {attr!r}") from e
+    return obj
+
+
+def build_host(local_plugins: list[str] | tuple[str, ...] = ()) -> Host:
+    """Load every selected plugin and fill the registries.
+
+    A plugin that fails to import is recorded under its distribution name and the
+    rest still load. Duplicate component names raise, naming both providers.
+    """
+    pm = pluggy.PluginManager(GROUP)
+    pm.add_hookspecs(hookspecs)
+    if os.environ.get("RLX_TRACE_PLUGINS"):
+        pm.trace.root.setwriter(lambda msg: print(msg, end="", file=sys.stderr))
+        pm.enable_tracing()
+
+    only, disabled = _split_env("RLX_LOAD_PLUGINS"), _split_env("RLX_DISABLE_PLUGINS") or set()
+    plugins: dict[str, PluginInfo] = {}
+    failures: dict[str, str] = {}
+    owner: dict[int, str] = {}
+
+    for module in DEFAULT_PLUGINS:
+        obj = importlib.import_module(module)
+        pm.register(obj, name=module)
+        owner[id(obj)] = "rlx"
+    plugins["rlx"] = PluginInfo("rlx", metadata.version("rlx"))
+
+    for ep in _entry_points():
+        dist = ep.dist.name if ep.dist else ep.value
+        if (only is not None and dist not in only) or dist in disabled:
+            continue
+        try:
+            obj = ep.load()
+        except Exception as e:
+            failures[dist] = f"{type(e).__name__}: {e}"
+            continue
+        if pm.is_registered(obj):
+            continue
+        pm.register(obj, name=f"{dist}:{ep.name}")
+        owner[id(obj)] = dist
+        plugins.setdefault(dist, PluginInfo(dist, ep.dist.version if ep.dist else None))
+
+    for spec in local_plugins:
+        obj = _load_object(spec)
+        if not pm.is_registered(obj):
+            pm.register(obj, name=spec)
+            owner[id(obj)] = spec
+            plugins.setdefault(spec, PluginInfo(spec, None))
+
+    pm.check_pending()
+
+    for plugin in pm.get_plugins():
+        info = plugins[owner[id(plugin)]]
+        info.hooks.extend(sorted(h.name for h in pm.get_hookcallers(plugin) or []))
+
+    registries = {hook: Registry(kind) for hook, kind in REGISTRIES.items()}
+    for hook, registry in registries.items():
+        caller = getattr(pm.hook, hook)
+        for impl in caller.get_hookimpls():
+            provider = owner[id(impl.plugin)]
+
+            def register(name: str, component: Any, _r=registry, _p=provider, _h=hook) -> None:
+                _r.add(name, component, _p)
+                plugins[_p].components.setdefault(_h.removeprefix("register_"), []).append(name)
+
+            try:
+                impl.function(register=register)
+            except RegistryError:
+                raise
+            except Exception as e:
+                raise PluginError(f"plugin {provider} failed in {hook}: {type(e).__name__}: {e}") from e
+    return Host(pm, registries, plugins, failures)
+
+
+_host: Host | None = None
+_host_key: tuple | None = None
+
+
+def get_host(local_plugins: list[str] | tuple[str, ...] = ()) -> Host:
+    """The process-wide host; rebuilt when the local plugins or selection change."""
+    global _host, _host_key
+    key = (tuple(local_plugins), os.environ.get("RLX_LOAD_PLUGINS"), os.environ.get("RLX_DISABLE_PLUGINS"))
+    if _host is None or _host_key != key:
+        _host, _host_key = build_host(local_plugins), key
+    return _host
+
+
+def reset_host() -> None:
+    global _host, _host_key
+    _host = _host_key = None
