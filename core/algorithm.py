@@ -29,3 +29,22 @@ class AlgorithmSpec:
     preference_loss: str | None = None
     needs_reference: bool = False
     defaults: dict[str, Any] = field(default_factory=dict)  # dotted overrides of the run config
+
+
+@dataclass
+class PreferenceScores:
+    """What a preference loss sees: one entry per pair, tensors of shape [B].
+
+    ``chosen``/``rejected`` are rewards (value head) or summed response log-probs (LM);
+    the ``ref_*`` fields hold the frozen reference's log-probs when the algorithm needs
+    one. A loss returns ``(per_pair_loss [B], {metric: per_pair_tensor [B]})``.
+    """
+
+    chosen: Any
+    rejected: Any
+    margin: Any = 0.0
+    ref_chosen: Any = None
+    ref_rejected: Any = None
+    chosen_tokens: Any = None
+    rejected_tokens: Any = None
+    chosen_nll: Any = None

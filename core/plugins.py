@@ -9,10 +9,12 @@ prints every hook call.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import sys
 from dataclasses import dataclass, field
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 import pluggy
@@ -85,23 +87,33 @@ def _entry_points():
     return sorted(metadata.entry_points(group=GROUP), key=lambda ep: (ep.dist.name if ep.dist else "", ep.name))
 
 
-def _load_object(spec: str) -> Any:
-    if ":" in spec:
-        module_name, attr = spec.split(":", 1)
-    else:
-        module_name, attr = spec, None
+def load_object(spec: str, what: str = "local plugin") -> Any:
+    """Import ``module:attr`` or ``path/to/file.py:attr`` (``:attr`` optional for a module).
+
+    The working directory is importable, as it is under ``python -m``.
+    """
+    target, _, attr = spec.partition(":")
     try:
-        module = importlib.import_module(module_name)
+        if target.endswith(".py"):
+            path = Path(target)
+            if not path.is_file():
+                raise PluginError(f"{what} {spec!r}: file {target!r} does not exist")
+            module_spec = importlib.util.spec_from_file_location(f"rlx_local_{path.stem}", path)
+            module = importlib.util.module_from_spec(module_spec)
+            module_spec.loader.exec_module(module)
+        else:
+            if os.getcwd() not in sys.path:
+                sys.path.insert(0, os.getcwd())
+            module = importlib.import_module(target)
+    except PluginError:
+        raise
     except Exception as e:
-        raise PluginError(f"local plugin {spec!r} failed to import: {type(e).__name__}: {e}") from e
-    if attr is None:
-        return module
-    try:
-        obj = module
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except AttributeError as e:
-        raise PluginError(f"local plugin {spec!r}: module {module_name!r} has no attribute {attr!r}") from e
+        raise PluginError(f"{what} {spec!r} failed to import: {type(e).__name__}: {e}") from e
+    obj = module
+    for part in filter(None, attr.split(".")):
+        if not hasattr(obj, part):
+            raise PluginError(f"{what} {spec!r}: {target!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
     return obj
 
 
@@ -144,13 +156,17 @@ def build_host(local_plugins: list[str] | tuple[str, ...] = ()) -> Host:
         plugins.setdefault(dist, PluginInfo(dist, ep.dist.version if ep.dist else None))
 
     for spec in local_plugins:
-        obj = _load_object(spec)
+        obj = load_object(spec)
         if not pm.is_registered(obj):
             pm.register(obj, name=spec)
             owner[id(obj)] = spec
             plugins.setdefault(spec, PluginInfo(spec, None))
 
-    pm.check_pending()
+    try:
+        pm.check_pending()
+    except pluggy.PluginValidationError as e:
+        name = owner.get(id(e.plugin), pm.get_name(e.plugin))
+        raise PluginError(f"plugin {name} implements an unknown hook: {e}") from e
 
     for plugin in pm.get_plugins():
         info = plugins[owner[id(plugin)]]

@@ -1,0 +1,237 @@
+"""The offline loop: SFT, reward models and preference optimisation.
+
+Each optimizer step takes ``training.batch_size`` encoded rows in an order fixed by
+(seed, epoch), so a step number alone says where the data stands and a resumed run
+sees exactly the rows an uninterrupted one would. The rows are split into
+micro-batches (and across data-parallel ranks); every micro-batch loss is normalised by
+the count of the whole step (response tokens for SFT, pairs for pairwise losses), so
+micro-batching never changes the update.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from rlx import data, models
+from rlx.algorithm import AlgorithmSpec, PreferenceScores
+from rlx.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from rlx.config import RunConfig
+from rlx.engine import make_engine, save_hf
+from rlx.metrics import RunLogger
+from rlx.run import RunError
+
+
+@dataclass
+class Objective:
+    """How one data format turns encoded rows into a loss.
+
+    ``count(rows)`` is the normaliser's unit count in ``rows``; ``loss(model, rows,
+    normaliser)`` returns the micro-batch loss already divided by the step's normaliser
+    and the step-normalised sums of its metrics.
+    """
+
+    encode: Callable[[dict], dict]
+    count: Callable[[list[dict]], int]
+    loss: Callable[[Any, list[dict], float], tuple[Any, dict[str, float]]]
+
+
+def _sft_objective(config: RunConfig, spec: AlgorithmSpec, host, tokenizer, device) -> Objective:
+    cfg = config.data
+    pad_id = tokenizer.pad_token_id
+
+    def encode(row):
+        return data.encode_sft(row, tokenizer, cfg)
+
+    def count(rows):
+        return sum(sum(r["loss_mask"][1:]) for r in rows)
+
+    def loss(model, rows, normaliser):
+        seqs, masks = [r["input_ids"] for r in rows], [r["loss_mask"] for r in rows]
+        if config.training.packing:
+            batch = data.pack_batch(seqs, masks)
+            logp = models.token_logprobs(model, batch["input_ids"].to(device),
+                                         position_ids=batch["position_ids"].to(device))
+        else:
+            batch = data.pad_batch(seqs, masks, pad_id)
+            logp = models.token_logprobs(model, batch["input_ids"].to(device),
+                                         attention_mask=batch["attention_mask"].to(device))
+        mask = batch["loss_mask"][:, 1:].to(device).to(logp.dtype)
+        if config.training.packing:
+            # the first token of each packed sample is predicted from the previous sample
+            mask = mask * (batch["position_ids"][:, 1:].to(device) != 0)
+        nll = -(logp * mask).sum() / normaliser
+        return nll, {"loss": nll.item()}
+
+    return Objective(encode, count, loss)
+
+
+def _reward_model_objective(config: RunConfig, spec: AlgorithmSpec, host, tokenizer, device) -> Objective:
+    cfg = config.data
+    pad_id = tokenizer.pad_token_id
+    preference_loss = host.get("register_preference_losses",
+                               getattr(config.algorithm, "preference_loss", None) or spec.preference_loss)
+    margin_key = getattr(config.algorithm, "margin_key", "")
+
+    def encode(row):
+        example = data.encode_pair(row, tokenizer, cfg)
+        example["margin"] = float(row[margin_key]) if margin_key else 0.0
+        return example
+
+    def count(rows):
+        return len(rows)
+
+    def loss(model, rows, normaliser):
+        seqs = [r["chosen_ids"] for r in rows] + [r["rejected_ids"] for r in rows]
+        masks = [r["chosen_mask"] for r in rows] + [r["rejected_mask"] for r in rows]
+        batch = data.pad_batch(seqs, masks, pad_id)
+        attention = batch["attention_mask"].to(device)
+        rewards = models.last_token_values(
+            models.token_values(model, batch["input_ids"].to(device), attention), attention).float()
+        n = len(rows)
+        margin = torch.tensor([r["margin"] for r in rows], device=device)
+        per_pair, metrics = preference_loss(
+            PreferenceScores(chosen=rewards[:n], rejected=rewards[n:], margin=margin), config=config.algorithm)
+        return per_pair.sum() / normaliser, {"loss": per_pair.sum().item() / normaliser,
+                                             **{k: v.sum().item() / normaliser for k, v in metrics.items()}}
+
+    return Objective(encode, count, loss)
+
+
+# (row format, head) -> objective; new formats are added here, never as flags.
+OBJECTIVES = {
+    ("sft", "lm"): _sft_objective,
+    ("pairs", "value"): _reward_model_objective,
+}
+
+
+def _step_rows(examples: list[dict], step: int, batch_size: int, seed: int) -> list[dict]:
+    """The rows of optimizer step ``step``: a fresh seeded permutation each epoch."""
+    per_epoch = math.ceil(len(examples) / batch_size)
+    epoch, index = divmod(step, per_epoch)
+    order = list(range(len(examples)))
+    random.Random(seed * 100_003 + epoch).shuffle(order)
+    return [examples[i] for i in order[index * batch_size:(index + 1) * batch_size]]
+
+
+def _micro_batches(rows: list[dict], size: int) -> list[list[dict]]:
+    return [rows[i:i + size] for i in range(0, len(rows), size)]
+
+
+def _run_step(engine, objective: Objective, rows: list[dict], micro_size: int) -> dict[str, float]:
+    """One optimizer step over ``rows``: this rank's share, normalised over all ranks."""
+    shard = rows[engine.rank::engine.world_size]
+    normaliser = engine.all_reduce_sum(torch.tensor(float(objective.count(shard)))).item()
+    if normaliser == 0:
+        raise RunError("a training step has no tokens to learn from (all responses truncated away?)")
+    sums: dict[str, float] = {}
+    tokens = 0
+    for micro in _micro_batches(shard, micro_size):
+        loss, metrics = objective.loss(engine.model, micro, normaliser)
+        # the engine averages gradients over ranks; the normaliser already spans them
+        engine.backward(loss * engine.world_size)
+        for k, v in metrics.items():
+            sums[k] = sums.get(k, 0.0) + v
+        tokens += sum(len(v) for r in micro for k, v in r.items() if k.endswith("_ids"))
+    sums.update(engine.step())
+    sums["tokens"] = tokens
+    return sums
+
+
+@torch.no_grad()
+def evaluate(engine, objective: Objective, rows: list[dict], micro_size: int) -> dict[str, float]:
+    if not rows:
+        return {}
+    engine.model.eval()
+    normaliser = float(objective.count(rows))
+    sums: dict[str, float] = {}
+    for micro in _micro_batches(rows, micro_size):
+        _, metrics = objective.loss(engine.model, micro, normaliser)
+        for k, v in metrics.items():
+            sums[f"eval/{k}"] = sums.get(f"eval/{k}", 0.0) + v
+    engine.model.train()
+    return sums
+
+
+def _load_examples(config: RunConfig, spec: AlgorithmSpec, host, objective: Objective, log) -> tuple[list, list]:
+    tasks = host.registry("register_tasks").items
+    train = data.load_rows(config.data.path, config.data, split=config.data.split,
+                           task_format=spec.data, tasks=tasks)
+    train_rows, skipped, _ = data.validate_rows(train, data.required_keys(config.data, spec.data),
+                                                config.data.skip_bad_rows)
+    if skipped:
+        log(f"skipped {skipped} malformed rows of {train.source}")
+    if config.data.eval_path or config.data.path.startswith("builtin:"):
+        source = data.load_rows(config.data.eval_path or config.data.path, config.data, split="test",
+                                task_format=spec.data, tasks=tasks)
+        eval_rows, _, _ = data.validate_rows(source, data.required_keys(config.data, spec.data),
+                                             config.data.skip_bad_rows)
+        eval_rows = eval_rows[:config.data.eval_size] if config.data.eval_size else []
+    else:
+        # hold out the last rows of a user's file; they never enter training
+        n = min(config.data.eval_size, len(train_rows) // 5)
+        train_rows, eval_rows = train_rows[:len(train_rows) - n], train_rows[len(train_rows) - n:]
+    if config.data.max_samples:
+        train_rows = train_rows[:config.data.max_samples]
+    return [objective.encode(r) for r in train_rows], [objective.encode(r) for r in eval_rows]
+
+
+def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bool, log=print) -> dict[str, float]:
+    t = config.training
+    key = (spec.data, spec.head)
+    if key not in OBJECTIVES:
+        raise RunError(f"algorithm {spec.name!r}: the offline loop has no objective for data={spec.data!r} "
+                           f"with head={spec.head!r} (known: {sorted(OBJECTIVES)})")
+    torch.manual_seed(t.seed)
+    device = models.resolve_device(t.device)
+    tokenizer = models.load_tokenizer(config.model.path)
+    objective = OBJECTIVES[key](config, spec, host, tokenizer, device)
+    examples, eval_examples = _load_examples(config, spec, host, objective, log)
+    if not examples:
+        raise RunError(f"no training rows in {config.data.path!r}")
+
+    load = models.load_value_model if spec.head == "value" else models.load_causal_lm
+    model = load(config.model, device)
+    per_epoch = math.ceil(len(examples) / t.batch_size)
+    total = t.max_steps or t.epochs * per_epoch
+    engine = make_engine(model, t, total_steps=total, micro_steps_per_step=t.batch_size // t.micro_batch_size)
+
+    step = 0
+    checkpoints = out / "checkpoints"
+    if resume:
+        path = latest_checkpoint(checkpoints)
+        if path is None:
+            raise RunError(f"--resume: no complete checkpoint under {checkpoints}")
+        step = load_checkpoint(path, engine)["step"]
+        log(f"resumed from {path} at step {step}")
+
+    logger = RunLogger(out, config.logging, total, start_step=step, rank=engine.rank)
+    metrics: dict[str, float] = {}
+    engine.model.train()
+    while step < total:
+        started = time.perf_counter()
+        rows = _step_rows(examples, step, t.batch_size, t.seed)
+        metrics = _run_step(engine, objective, rows, t.micro_batch_size)
+        elapsed = time.perf_counter() - started
+        metrics["tokens_per_s"] = metrics.pop("tokens") * engine.world_size / elapsed
+        metrics["time/step"] = elapsed
+        metrics["epoch"] = step / per_epoch
+        step += 1
+        if (t.eval_every and step % t.eval_every == 0) or step == total:
+            metrics.update(evaluate(engine, objective, eval_examples, t.micro_batch_size))
+            host.hook.on_eval_end(step=step, metrics={k: v for k, v in metrics.items() if k.startswith("eval/")})
+        logger.log(step, metrics)
+        host.hook.on_step_end(step=step, metrics=metrics)
+        if config.checkpoint.every and step % config.checkpoint.every == 0 and step < total:
+            save_checkpoint(checkpoints, step, engine, {"step": step}, keep=config.checkpoint.keep)
+    logger.close()
+    save_checkpoint(checkpoints, step, engine, {"step": step}, keep=config.checkpoint.keep)
+    if config.checkpoint.save_final:
+        save_hf(engine, tokenizer, out / "final")
+    return metrics

@@ -1,0 +1,52 @@
+"""One training run: the output folder, the resolved config and the loop for the algorithm."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import yaml
+
+from rlx.config import RunConfig, to_dict
+
+
+class RunError(Exception):
+    pass
+
+
+def output_dir(config: RunConfig) -> Path:
+    return Path(config.output or f"runs/{config.algo}-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
+def prepare_output(config: RunConfig, *, resume: bool) -> Path:
+    """Create the output folder; refuse to write over an earlier run unless resuming."""
+    out = output_dir(config)
+    written = out / "config.yaml"
+    if written.exists() and not resume:
+        raise RunError(f"{out} already holds a run; pass --resume to continue it or choose another --output")
+    if resume and not written.exists():
+        raise RunError(f"--resume: {out} holds no run to continue")
+    out.mkdir(parents=True, exist_ok=True)
+    written.write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+    return out
+
+
+def run(config: RunConfig, host, *, resume: bool = False) -> dict[str, float]:
+    """Train ``config.algo`` and return the last step's metrics."""
+    spec = host.algorithms.get(config.algo)
+    out = prepare_output(config, resume=resume)
+    host.hook.on_train_start(config=config, output_dir=str(out))
+    if spec.loop == "offline":
+        from rlx import offline as loop
+    else:
+        from rlx import online as loop
+    from rlx.data import DataError
+    from rlx.registry import RegistryError
+
+    try:
+        metrics = loop.train(config, spec, host, out, resume=resume)
+    except (DataError, RegistryError) as e:
+        raise RunError(str(e)) from e
+    host.hook.on_train_end(output_dir=str(out), metrics=metrics)
+    print(f"done: {out}")
+    return metrics

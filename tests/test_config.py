@@ -1,0 +1,81 @@
+"""Typed config: YAML + dotted overrides, with unknown keys and bad values named."""
+
+from dataclasses import dataclass
+
+import pytest
+
+from rlx.algorithm import AlgorithmSpec
+from rlx.config import ConfigError, RunConfig, describe_fields, load_yaml, opt, parse_override, resolve, set_dotted
+
+
+@dataclass
+class ToyConfig:
+    beta: float = opt(0.1, "a coefficient")
+    mode: str = opt("a", "a mode")
+
+
+SPEC = AlgorithmSpec(name="toy", description="toy", loop="offline", config=ToyConfig,
+                     defaults={"training.lr": 3e-4})
+
+
+def tree(*overrides):
+    t = {}
+    for o in overrides:
+        set_dotted(t, *parse_override(o))
+    return t
+
+
+def test_defaults_and_overrides():
+    config = resolve(SPEC, tree("training.batch_size=16", "algorithm.beta=0.5", "model.lora.rank=8"))
+    assert config.training.lr == 3e-4  # the algorithm's default
+    assert config.training.batch_size == 16
+    assert config.algorithm.beta == 0.5
+    assert config.model.lora.rank == 8
+    assert resolve(SPEC, tree("training.lr=1e-5")).training.lr == 1e-5
+
+
+def test_unknown_key_names_it_and_suggests():
+    with pytest.raises(ConfigError) as err:
+        resolve(SPEC, tree("training.lrr=1"))
+    assert "training.lrr" in str(err.value) and "'training.lr'" in str(err.value)
+    with pytest.raises(ConfigError, match="algorithm.bta.*algorithm.beta"):
+        resolve(SPEC, tree("algorithm.bta=1"))
+    with pytest.raises(ConfigError, match="unknown config key 'trainin'"):
+        resolve(SPEC, tree("trainin.lr=1"))
+
+
+@pytest.mark.parametrize("override, message", [
+    ("training.batch_size=abc", "training.batch_size: expected an integer"),
+    ("training.packing=maybe", "training.packing: expected true or false"),
+    ("training.backend=deepsped", "did you mean 'deepspeed'"),
+    ("training.lr=fast", "training.lr: expected a number"),
+    ("training.batch_size=10", "multiple of training.micro_batch_size"),
+])
+def test_bad_values_are_named(override, message):
+    with pytest.raises(ConfigError, match=f"(?i){message}"):
+        resolve(SPEC, tree(override, "training.micro_batch_size=4"))
+
+
+def test_yaml_file(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("training:\n  lr: 2.0e-5\n  epochs: 3\nalgorithm:\n  mode: b\n")
+    config = resolve(SPEC, load_yaml(path))
+    assert (config.training.lr, config.training.epochs, config.algorithm.mode) == (2e-5, 3, "b")
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_yaml(tmp_path / "missing.yaml")
+    (tmp_path / "bad.yaml").write_text("training: [1, 2\n")
+    with pytest.raises(ConfigError, match="bad.yaml.*not valid YAML"):
+        load_yaml(tmp_path / "bad.yaml")
+
+
+def test_override_syntax():
+    with pytest.raises(ConfigError, match="dotted.key=value"):
+        parse_override("training.lr")
+    assert parse_override("training.adam_betas=[0.9, 0.99]") == ("training.adam_betas", [0.9, 0.99])
+
+
+def test_every_field_is_described():
+    rows = describe_fields(RunConfig)
+    keys = {r[0] for r in rows}
+    assert {"training.lr", "model.lora.rank", "data.prompt_key", "checkpoint.every"} <= keys
+    assert all(help_text for key, _, _, help_text in rows if key != "algorithm"), "every key needs a help text"
