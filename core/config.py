@@ -108,6 +108,25 @@ class LoggingConfig:
 
 
 @dataclass
+class RolloutConfig:
+    engine: str = opt("auto", "rollout engine: auto (native on one device), native, or vllm")
+    temperature: float = opt(1.0, "sampling temperature (training log-probs use logits / temperature)")
+    top_p: float = opt(1.0, "nucleus sampling threshold")
+    top_k: int = opt(0, "sample from the k most likely tokens (0: off)")
+    max_new_tokens: int = opt(64, "longest response, in tokens")
+    stop: list[str] = opt([], "stop strings that end a response")
+    max_batch_size: int = opt(256, "sequences decoded together by the native engine")
+
+
+@dataclass
+class RewardConfig:
+    functions: list[str] = opt(["exact_match"], "reward functions: registered names or path/file.py:function")
+    weights: list[float] = opt([], "one weight per reward function and model (empty: all 1)")
+    model: str = opt("", "reward model folder (trained with `rlx train --algo rm`); empty: none")
+    model_type: str = opt("model", "registered reward-model loader used for reward.model")
+
+
+@dataclass
 class RunConfig:
     algo: str = opt("", "algorithm name")
     output: str = opt("", "output folder (default: runs/ALGO-TIMESTAMP)")
@@ -117,6 +136,8 @@ class RunConfig:
     training: TrainingConfig = field(default_factory=TrainingConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
     algorithm: Any = None  # the algorithm's own config class
 
 
@@ -338,3 +359,65 @@ def describe_fields(cls: type, prefix: str = "") -> list[tuple[str, str, Any, st
             default = None
         rows.append((key, _describe(tp), default, f.metadata.get("help", "")))
     return rows
+
+
+LossAgg = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
+
+
+@dataclass
+class OnlineConfig:
+    """Options every online algorithm shares (``algorithm.*``); plugins subclass it to
+    change defaults or add their own."""
+
+    rollout_batch_size: int = opt(16, "prompts per rollout step")
+    n_samples: int = opt(8, "responses sampled per prompt (the group)")
+    epochs: int = opt(1, "passes over each rollout batch")
+    kl_coef: float = opt(0.0, "KL coefficient beta (0: no KL term, no reference model)")
+    kl_estimator: Literal["k1", "k2", "k3"] = opt("k1", "per-token KL estimate")
+    kl_loss: bool = opt(False, "add the KL as a loss term instead of putting it into the reward")
+    kl_target: float = opt(0.0, "adaptive KL: target KL per step (0: fixed coefficient)")
+    kl_horizon: int = opt(10000, "adaptive KL horizon, in samples")
+    clip_low: float = opt(0.2, "PPO clip epsilon below 1")
+    clip_high: float = opt(0.2, "PPO clip epsilon above 1 (DAPO's clip-higher raises it)")
+    dual_clip: float = opt(0.0, "dual-clip constant c > 1 for negative advantages (0: off)")
+    entropy_coef: float = opt(0.0, "entropy bonus coefficient")
+    reward_clip: float = opt(10.0, "clip rewards to [-x, x] after the baseline")
+    gamma: float = opt(1.0, "discount (group estimators always use 1)")
+    lam: float = opt(1.0, "GAE lambda")
+    overlong_buffer: int = opt(0, "overlong penalty buffer L_b in tokens (0: off)")
+    overlong_factor: float = opt(1.0, "overlong penalty factor")
+    loss_agg: LossAgg = opt(
+        "token_mean", "how per-token losses are reduced over an optimizer step")
+    sampler: str = opt("", "registered group sampler, e.g. dynamic_filter (empty: keep every group)")
+    sampler_options: dict[str, Any] = opt({}, "options of the sampler, e.g. {low: 0, high: 1, max_rounds: 3}")
+    eval_every: int = opt(0, "evaluate greedy accuracy and pass@k every N steps (0: start and end only)")
+    eval_size: int = opt(64, "held-out prompts for evaluation")
+    eval_k: int = opt(4, "k of pass@k in evaluation")
+    eval_pass_score: float = opt(1.0, "a response whose score reaches this counts as correct")
+
+    def validate(self, config) -> None:
+        samples = self.rollout_batch_size * self.n_samples
+        train = config.training.batch_size
+        if self.n_samples < 1 or self.rollout_batch_size < 1:
+            raise ConfigError("algorithm.n_samples and algorithm.rollout_batch_size must be positive")
+        if (samples * self.epochs) % train:
+            raise ConfigError(
+                f"algorithm.rollout_batch_size × algorithm.n_samples × algorithm.epochs "
+                f"({self.rollout_batch_size} × {self.n_samples} × {self.epochs}) must be a multiple of "
+                f"training.batch_size ({train})")
+        if samples % train:
+            raise ConfigError(f"rollout samples ({samples}) must be a multiple of training.batch_size ({train})")
+
+
+# Run defaults every online algorithm starts from: the built-in arithmetic demo with the
+# tiny model rlx fine-tunes itself, sized for two CPU cores.
+ONLINE_DEFAULTS = {
+    "model.path": "builtin:tiny-arithmetic",
+    "data.path": "builtin:arithmetic",
+    "training.lr": 2e-5,
+    "training.scheduler": "constant",
+    "training.batch_size": 64,
+    "training.micro_batch_size": 64,
+    "training.max_steps": 30,
+    "rollout.max_new_tokens": 8,
+}

@@ -26,7 +26,9 @@ def register_algorithms(register: Register) -> None:
 @hookspec
 def register_advantage_estimators(register: Register) -> None:
     """Register advantage estimators: ``register(name, fn)``, where
-    ``fn(rewards, mask, *, values, n_samples, config) -> (advantages, returns)``."""
+    ``fn(rewards, mask, *, kl, beta, values, n_samples, config) -> (advantages, returns)``:
+    ``rewards`` [B] after length shaping, ``mask`` [B, T] action tokens, ``kl`` [B, T] or
+    None when KL is not in the reward, ``values`` [B, T] or None without a critic."""
 
 
 @hookspec

@@ -271,11 +271,11 @@ def _clipped_surrogate(
         if dual_clip <= 1:
             raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
         objective = objective.maximum(dual_clip * advantages).where(advantages < 0, objective)
-    with_grad = ratio.detach()
+    rho = ratio.detach()
     metrics = {
         "clip_frac": masked_mean((surr2 < surr1).to(mask.dtype), mask).detach(),
         # KL(π_old ‖ π_θ) from samples of π_old: (ρ − 1) − log ρ
-        "approx_kl": masked_mean(with_grad - 1 - with_grad.log(), mask).detach(),
+        "approx_kl": masked_mean(rho - 1 - rho.log(), mask),
     }
     return -objective, metrics
 
@@ -320,7 +320,7 @@ def gspo_loss(
     ``seq_mean_token_mean`` aggregation the loss and its gradient are GSPO's, and
     per-token advantages are allowed. Clip ranges default to the paper's (3e-4, 4e-4).
     """
-    seq_log_ratio = masked_mean(logp - old_logp, mask, dim=-1).detach().unsqueeze(-1)
+    seq_log_ratio = gspo_ratio(logp, old_logp, mask).detach().log().unsqueeze(-1)
     log_ratio = logp - logp.detach() + seq_log_ratio
     return _clipped_surrogate(log_ratio, advantages, mask, eps_low, eps_high, None)
 

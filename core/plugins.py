@@ -25,7 +25,7 @@ from rlx.registry import Registry, RegistryError
 GROUP = "rlx"
 
 # Core modules that register built-in components through the same hooks plugins use.
-DEFAULT_PLUGINS = ["rlx.tasks"]
+DEFAULT_PLUGINS = ["rlx.tasks", "rlx.losses"]
 
 # registration hook name -> registry kind
 REGISTRIES = {

@@ -107,6 +107,11 @@ def _make_count(rng: random.Random) -> dict:
     return {"prompt": f"count {letter} in {text}=", "answer": str(text.count(letter))}
 
 
+def _wrong_count(rng: random.Random, example: dict) -> str:
+    right = int(example["answer"])
+    return str(rng.choice([c for c in (right - 1, right + 1, right + 2) if c >= 0]))
+
+
 ARITHMETIC = Task(
     "arithmetic",
     "add or subtract two numbers from 0 to 99: '23+45=' -> '68'",
@@ -123,7 +128,7 @@ COUNT = Task(
     "count",
     "count a letter in a short string: 'count a in abca=' -> '2'",
     _make_count,
-    _wrong_number,
+    _wrong_count,
 )
 TASKS = {task.name: task for task in (ARITHMETIC, COPY, COUNT)}
 
@@ -138,45 +143,48 @@ def register_tasks(register):
 # row generators
 
 
-def examples(task: Task, n: int, seed: int = 0, split: str = "train") -> list[tuple[dict, random.Random]]:
-    """``n`` examples of ``split``, each with the generator that made it.
+def _rng(task: Task, seed: int, split: str) -> random.Random:
+    # Seeded by (task, split, seed): train and test rows come from different streams
+    # as well as from disjoint prompts.
+    return random.Random(f"{task.name}:{split}:{seed}")
 
-    The generator is seeded by (task, split, seed), so train and test rows come from
-    different streams as well as from disjoint prompts.
-    """
-    rng = random.Random(f"{task.name}:{split}:{seed}")
-    out = []
-    attempts = 0
-    while len(out) < n:
-        attempts += 1
-        if attempts > 100 * n + 1000:
-            raise RuntimeError(f"task {task.name!r} could not make {n} rows of split {split!r}")
+
+def draw(task: Task, rng: random.Random, split: str) -> dict:
+    """The next example of ``split`` from ``rng`` (examples of the other split are skipped)."""
+    for _ in range(10_000):
         example = task.make(rng)
         if in_split(example["prompt"], split):
-            out.append((example, rng))
-    return out
+            return example
+    raise RuntimeError(f"task {task.name!r} made no prompt of split {split!r} in 10000 tries")
 
 
 def sft_rows(task: Task, n: int, seed: int = 0, split: str = "train") -> list[dict]:
     """Rows ``{"prompt", "response", "label"}`` with the right answer as response."""
-    return [
-        {"prompt": ex["prompt"], "response": ex["answer"], "label": ex["answer"]}
-        for ex, _ in examples(task, n, seed, split)
-    ]
+    rng = _rng(task, seed, split)
+    rows = []
+    for _ in range(n):
+        ex = draw(task, rng, split)
+        rows.append({"prompt": ex["prompt"], "response": ex["answer"], "label": ex["answer"]})
+    return rows
 
 
 def pair_rows(task: Task, n: int, seed: int = 0, split: str = "train") -> list[dict]:
     """Rows ``{"prompt", "chosen", "rejected", "label"}``: chosen right, rejected wrong."""
-    return [
-        {"prompt": ex["prompt"], "chosen": ex["answer"], "rejected": task.wrong(rng, ex), "label": ex["answer"]}
-        for ex, rng in examples(task, n, seed, split)
-    ]
+    rng = _rng(task, seed, split)
+    rows = []
+    for _ in range(n):
+        ex = draw(task, rng, split)
+        rows.append({"prompt": ex["prompt"], "chosen": ex["answer"], "rejected": task.wrong(rng, ex),
+                     "label": ex["answer"]})
+    return rows
 
 
 def unpaired_rows(task: Task, n: int, seed: int = 0, split: str = "train") -> list[dict]:
     """Rows ``{"prompt", "completion", "desirable", "label"}``, about half desirable."""
+    rng = _rng(task, seed, split)
     rows = []
-    for ex, rng in examples(task, n, seed, split):
+    for _ in range(n):
+        ex = draw(task, rng, split)
         desirable = rng.random() < 0.5
         completion = ex["answer"] if desirable else task.wrong(rng, ex)
         rows.append({"prompt": ex["prompt"], "completion": completion, "desirable": desirable, "label": ex["answer"]})
@@ -185,7 +193,12 @@ def unpaired_rows(task: Task, n: int, seed: int = 0, split: str = "train") -> li
 
 def prompt_rows(task: Task, n: int, seed: int = 0, split: str = "train") -> list[dict]:
     """Rows ``{"prompt", "label"}`` for online RL and evaluation."""
-    return [{"prompt": ex["prompt"], "label": ex["answer"]} for ex, _ in examples(task, n, seed, split)]
+    rng = _rng(task, seed, split)
+    rows = []
+    for _ in range(n):
+        ex = draw(task, rng, split)
+        rows.append({"prompt": ex["prompt"], "label": ex["answer"]})
+    return rows
 
 
 ROW_GENERATORS = {"sft": sft_rows, "pairs": pair_rows, "unpaired": unpaired_rows, "prompts": prompt_rows}
@@ -203,5 +216,5 @@ def corpus(n: int = 200) -> list[str]:
         rng = random.Random(f"corpus:{task.name}")
         for _ in range(n):
             ex = task.make(rng)
-            lines.append(f"{ex['prompt']}{ex['answer']}\n{ex['prompt']} {task.wrong(rng, ex)}")
+            lines += [ex["prompt"] + ex["answer"], ex["prompt"] + task.wrong(rng, ex)]
     return lines

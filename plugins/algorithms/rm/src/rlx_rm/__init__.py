@@ -19,12 +19,12 @@ class RMConfig:
 
 
 def bradley_terry(scores, *, config):
-    loss = -ops.logsigmoid(scores.chosen - scores.rejected - scores.margin)
+    loss = ops.bt_loss(scores.chosen, scores.rejected, scores.margin)
     return loss, _metrics(scores)
 
 
 def log_exp(scores, *, config):
-    loss = ops.log1p_exp(scores.rejected - scores.chosen)
+    loss = ops.log_exp_loss(scores.chosen, scores.rejected)
     return loss, _metrics(scores)
 
 

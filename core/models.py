@@ -1,0 +1,306 @@
+"""Loading, scoring and saving models.
+
+Policies and reference models are ``AutoModelForCausalLM``; reward models and critics
+are ``AutoModelForSequenceClassification`` with one label, so every model rlx writes is
+plain Hugging Face format. Functions that take a ``model`` accept the bare Hugging Face
+module, a peft wrapper of it, or a training-engine wrapper exposing ``.module``.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import os
+from pathlib import Path
+import torch
+import torch.nn.functional as F
+
+from rlx.config import ModelConfig
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+# rows of logits turned into float32 at once: bounds the temporary copy to ~64 MiB
+_CHUNK_ELEMENTS = 1 << 24
+
+
+class ModelError(RuntimeError):
+    """A model or tokenizer could not be loaded or built; the message names the path."""
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` is the GPU of this process (``LOCAL_RANK`` under a launcher) when CUDA is
+    available, else the CPU; ``cuda`` without an index also follows ``LOCAL_RANK``."""
+    if name in ("auto", "cuda"):
+        if torch.cuda.is_available():
+            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        if name == "cuda":
+            raise ModelError("training.device is 'cuda' but no CUDA device is available")
+        return torch.device("cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ModelError(f"training.device is {name!r} but no CUDA device is available")
+    return device
+
+
+def resolve_dtype(name: str, device: torch.device | str) -> torch.dtype:
+    """``auto`` is bfloat16 on CUDA and float32 elsewhere."""
+    if name == "auto":
+        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    if name not in _DTYPES:
+        raise ModelError(f"unknown dtype {name!r}; expected auto or one of {', '.join(_DTYPES)}")
+    return _DTYPES[name]
+
+
+def attn_implementation(name: str, device: torch.device | str = "cuda") -> str:
+    """``auto`` takes flash-attn when it is installed and the device is CUDA, else SDPA."""
+    has_flash = importlib.util.find_spec("flash_attn") is not None
+    if name == "auto":
+        return "flash_attention_2" if has_flash and torch.device(device).type == "cuda" else "sdpa"
+    if name == "flash_attention_2" and not has_flash:
+        raise ModelError("model.attn_implementation is flash_attention_2 but flash-attn is not installed")
+    return name
+
+
+def resolve_path(path: str | Path) -> str:
+    """A model folder or hub name; ``builtin:NAME`` is made locally by ``rlx.tiny``."""
+    path = str(path)
+    if path.startswith("builtin:"):
+        from rlx import tiny
+
+        return str(tiny.builtin_model(path))
+    return path
+
+
+def load_tokenizer(path: str | Path):
+    """The tokenizer of a model folder or hub name, with a pad token (eos when missing)."""
+    from transformers import AutoTokenizer
+
+    source = resolve_path(path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError) as e:
+        raise ModelError(f"cannot load a tokenizer from {source!r}: {e}") from e
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise ModelError(f"the tokenizer of {source!r} has neither a pad nor an eos token")
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def _from_pretrained(auto_class, cfg: ModelConfig, device: torch.device, path: str | None, **kwargs):
+    source = resolve_path(path or cfg.path)
+    try:
+        model = auto_class.from_pretrained(
+            source,
+            dtype=resolve_dtype(cfg.dtype, device),
+            attn_implementation=attn_implementation(cfg.attn_implementation, device),
+            trust_remote_code=cfg.trust_remote_code,
+            **kwargs,
+        )
+    except (OSError, ValueError) as e:
+        where = "folder" if Path(source).exists() else "path (not a local folder, and not loadable as a hub name)"
+        raise ModelError(f"cannot load model {source!r}: bad model {where}: {e}") from e
+    return model.to(device)
+
+
+def _prepare_for_training(model, cfg: ModelConfig, task_type: str):
+    """Gradient checkpointing and LoRA adapters, as the config asks."""
+    if cfg.gradient_checkpointing:
+        # non-reentrant checkpointing needs no input grads, so frozen embeddings (LoRA) work
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+    if cfg.lora.rank > 0:
+        try:
+            import peft
+        except ImportError as e:
+            raise ModelError("model.lora.rank > 0 needs peft: pip install 'rlx[lora]'") from e
+        targets = cfg.lora.target_modules
+        lora = peft.LoraConfig(
+            task_type=task_type,
+            r=cfg.lora.rank,
+            lora_alpha=cfg.lora.alpha,
+            lora_dropout=cfg.lora.dropout,
+            # peft takes "all-linear" only as a plain string; it excludes the output head
+            target_modules="all-linear" if targets == ["all-linear"] else list(targets),
+        )
+        model = peft.get_peft_model(model, lora)
+    return model.train()
+
+
+def _freeze(model):
+    model.requires_grad_(False)
+    return model.eval()
+
+
+def load_causal_lm(cfg: ModelConfig, device: torch.device, *, path: str | None = None, trainable: bool = True):
+    """A causal LM on ``device`` in the configured dtype and attention kernel.
+
+    ``path`` overrides ``cfg.path`` (a reference model, say). A trainable model gets
+    gradient checkpointing and LoRA as configured; a frozen one is in eval mode with no
+    gradients.
+    """
+    from transformers import AutoModelForCausalLM
+
+    model = _from_pretrained(AutoModelForCausalLM, cfg, device, path)
+    return _prepare_for_training(model, cfg, "CAUSAL_LM") if trainable else _freeze(model)
+
+
+def load_value_model(cfg: ModelConfig, device: torch.device, *, path: str | None = None, trainable: bool = True):
+    """A model with a scalar head for reward models and critics.
+
+    Loading a causal-LM checkpoint initialises a fresh ``score`` head. With LoRA the
+    head stays fully trainable (peft's sequence-classification task saves it whole).
+    """
+    from transformers import AutoModelForSequenceClassification
+
+    model = _from_pretrained(AutoModelForSequenceClassification, cfg, device, path, num_labels=1)
+    return _prepare_for_training(model, cfg, "SEQ_CLS") if trainable else _freeze(model)
+
+
+def hf_module(model):
+    """The Hugging Face module inside engine (``.module``) and peft wrappers."""
+    while isinstance(getattr(model, "module", None), torch.nn.Module):
+        model = model.module
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if get_base is not None else model
+
+
+def token_values(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                 position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """The scalar head applied at every position: ``[B, T]`` in float32."""
+    hf = hf_module(model)
+    base = getattr(hf, hf.base_model_prefix)
+    hidden = base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                  use_cache=False).last_hidden_state
+    return hf.score(hidden).squeeze(-1).float()
+
+
+def last_token_values(values: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """``values[b, t]`` at the last position where ``attention_mask`` is set, for left or
+    right padding alike: ``[B]``."""
+    flipped = attention_mask.flip(-1).to(torch.int32)
+    last = attention_mask.shape[-1] - 1 - flipped.argmax(-1)  # argmax finds the first 1 from the right
+    return values.gather(-1, last.unsqueeze(-1)).squeeze(-1)
+
+
+class _NextTokenLogprob(torch.autograd.Function):
+    """``log_softmax(logits[:, t] / T)[input_ids[:, t + 1]]`` for ``t < T - 1``.
+
+    Works through the logits a few rows at a time in float32 and saves only the
+    logits (alive anyway) and one log-normaliser per row for the backward pass, so no
+    float32 copy of the full ``[B, T, V]`` tensor is ever held.
+    """
+
+    @staticmethod
+    def forward(ctx, logits, input_ids, temperature):
+        batch, length, vocab = logits.shape
+        rows = max(1, _CHUNK_ELEMENTS // vocab)
+        targets = input_ids[:, 1:]
+        logp = torch.empty(batch, length - 1, dtype=torch.float32, device=logits.device)
+        lse = torch.empty_like(logp)
+        for b in range(batch):
+            for s in range(0, length - 1, rows):
+                e = min(s + rows, length - 1)
+                x = logits[b, s:e].float() / temperature
+                lse[b, s:e] = torch.logsumexp(x, dim=-1)
+                logp[b, s:e] = x.gather(-1, targets[b, s:e, None]).squeeze(-1) - lse[b, s:e]
+        ctx.save_for_backward(logits, targets, lse)
+        ctx.temperature = temperature
+        return logp
+
+    @staticmethod
+    def backward(ctx, grad_logp):
+        logits, targets, lse = ctx.saved_tensors
+        batch, length, vocab = logits.shape
+        rows = max(1, _CHUNK_ELEMENTS // vocab)
+        grad = torch.zeros_like(logits)
+        for b in range(batch):
+            for s in range(0, length - 1, rows):
+                e = min(s + rows, length - 1)
+                g = grad_logp[b, s:e, None].float()
+                # d logp / d x = onehot(target) - softmax(x), and x = logits / T
+                d = torch.exp(logits[b, s:e].float() / ctx.temperature - lse[b, s:e, None]) * -g
+                d.scatter_add_(-1, targets[b, s:e, None], g)
+                grad[b, s:e] = d / ctx.temperature
+        return grad, None, None
+
+
+def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                   position_ids: torch.Tensor | None = None, temperature: float = 1.0) -> torch.Tensor:
+    """Log-probability of each next token under ``model``: ``[B, T - 1]`` in float32.
+
+    Entry ``t`` scores ``input_ids[:, t + 1]`` given the tokens up to ``t``.
+    """
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                   use_cache=False).logits
+    return _NextTokenLogprob.apply(logits, input_ids, float(temperature))
+
+
+def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Entropy of ``softmax(logits / T)`` over the last dimension, in float32, a few
+    rows at a time."""
+    flat = logits.reshape(-1, logits.shape[-1])
+    rows = max(1, _CHUNK_ELEMENTS // flat.shape[-1])
+    parts = []
+    for s in range(0, flat.shape[0], rows):
+        x = flat[s:s + rows].float() / temperature
+        logp = F.log_softmax(x, dim=-1)
+        parts.append(-(logp.exp() * logp).sum(-1))
+    return torch.cat(parts).reshape(logits.shape[:-1])
+
+
+def _cpu_state(model) -> dict[str, torch.Tensor]:
+    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+
+
+def _cpu_replica(model, state: dict[str, torch.Tensor]):
+    """A CPU model built like ``model`` (peft adapters included) holding ``state``.
+
+    It is built on the meta device and then given ``state``, so the training model is
+    never copied on its device nor changed.
+    """
+    hf = hf_module(model)
+    peft_config = getattr(model, "peft_config", None)
+    config = copy.deepcopy(hf.config)
+    config.use_cache = True  # switched off for gradient checkpointing, wanted for generation
+    with torch.device("meta"):
+        replica = type(hf)(config)
+        if peft_config is not None:
+            import peft
+
+            replica = peft.get_peft_model(replica, peft_config[model.active_adapter])
+    replica.load_state_dict(state, strict=False, assign=True)
+    # non-persistent buffers (rotary frequencies...) are in no state dict
+    buffers = dict(model.named_buffers())
+    for name, buffer in list(replica.named_buffers()):
+        if buffer.is_meta:
+            owner, _, leaf = name.rpartition(".")
+            replica.get_submodule(owner).register_buffer(leaf, buffers[name].detach().cpu(), persistent=False)
+    missing = [name for name, p in replica.named_parameters() if p.is_meta]
+    if missing:
+        raise ModelError(f"cannot save the model: no weights for {', '.join(missing[:5])}")
+    generation_config = getattr(hf, "generation_config", None)
+    if generation_config is not None:
+        replica.generation_config = generation_config
+    return replica
+
+
+def save_hf(model, tokenizer, out_dir: str | Path, *, state_dict: dict[str, torch.Tensor] | None = None) -> Path:
+    """Write ``model`` and ``tokenizer`` in ``save_pretrained`` layout under ``out_dir``.
+
+    LoRA adapters are merged into a CPU replica, so a training run can go on with the
+    model untouched. ``state_dict`` supplies full weights where the module's own are
+    partitioned (ZeRO-3); its keys are those of ``model.state_dict()``.
+    """
+    out = Path(out_dir)
+    replica = _cpu_replica(model, state_dict if state_dict is not None else _cpu_state(model))
+    if hasattr(replica, "merge_and_unload"):
+        replica = replica.merge_and_unload()
+    if replica.config.pad_token_id is None and tokenizer is not None:
+        # sequence-classification heads find the last token through the pad id
+        replica.config.pad_token_id = tokenizer.pad_token_id
+    replica.save_pretrained(out)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out)
+    return out
+

@@ -1,0 +1,426 @@
+"""The online loop: rollout → reward → advantage → update.
+
+One step of this loop, as ALGORITHMS.md lays it out:
+
+1. take ``rollout_batch_size`` prompts and sample ``n_samples`` responses for each;
+2. score them (reward functions and/or a reward model); a sampler may reject groups
+   and ask for more prompts (dynamic filtering);
+3. compute the old policy's log-probs, the reference's (only with a KL term) and the
+   critic's values (only with a critic);
+4. the algorithm's estimator turns rewards into per-token advantages and returns;
+5. ``epochs`` passes of mini-batch updates (``training.batch_size`` samples per
+   optimizer step) of the actor with the policy loss and of the critic with the value
+   loss; per-token losses are aggregated over the whole optimizer step.
+
+The parts come from the registries by the names in the algorithm's spec; nothing here
+knows which algorithm runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlx import data, models, ops
+from rlx.algorithm import AlgorithmSpec
+from rlx.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from rlx.config import RunConfig
+from rlx.engine import make_engine, save_hf
+from rlx.metrics import RunLogger
+from rlx.rewards import build_reward
+from rlx.rollout import NativeEngine, SamplingParams
+from rlx.run import RunError
+
+
+@dataclass
+class Experience:
+    """A scored rollout batch, padded: prompts on the left, responses on the right."""
+
+    input_ids: torch.Tensor  # [B, P + R]
+    attention_mask: torch.Tensor  # [B, P + R]
+    position_ids: torch.Tensor  # [B, P + R]
+    action_mask: torch.Tensor  # [B, R] 1 on generated tokens
+    prompt_len: int
+    rewards: torch.Tensor  # [B] after length shaping
+    old_logp: torch.Tensor | None = None  # [B, R]
+    ref_logp: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    advantages: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
+
+    def select(self, index: list[int]) -> "Experience":
+        pick = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return Experience(**{k: v[index] if isinstance(v, torch.Tensor) else v for k, v in pick.items()})
+
+
+def build_experience(prompt_ids: list[list[int]], responses: list[list[int]], pad_id: int,
+                     rewards: list[float], device) -> Experience:
+    prompt_len = max(len(p) for p in prompt_ids)
+    response_len = max(1, max(len(r) for r in responses))
+    rows, attention, actions = [], [], []
+    for p, r in zip(prompt_ids, responses):
+        left, right = prompt_len - len(p), response_len - len(r)
+        rows.append([pad_id] * left + p + r + [pad_id] * right)
+        attention.append([0] * left + [1] * (len(p) + len(r)) + [0] * right)
+        actions.append([1] * len(r) + [0] * right)
+    attention_mask = torch.tensor(attention, device=device)
+    return Experience(
+        input_ids=torch.tensor(rows, device=device),
+        attention_mask=attention_mask,
+        position_ids=(attention_mask.cumsum(-1) - 1).clamp(min=0),
+        action_mask=torch.tensor(actions, device=device, dtype=torch.float32),
+        prompt_len=prompt_len,
+        rewards=torch.tensor(rewards, device=device, dtype=torch.float32),
+    )
+
+
+def response_logits(model, exp: Experience) -> torch.Tensor:
+    """Logits that predict each response token: [B, R, V]."""
+    response_len = exp.action_mask.shape[1]
+    out = model(input_ids=exp.input_ids, attention_mask=exp.attention_mask, position_ids=exp.position_ids,
+                logits_to_keep=response_len + 1)
+    return out.logits[:, :-1]
+
+
+def response_logprobs(model, exp: Experience, temperature: float, *, with_entropy: bool = False):
+    logits = response_logits(model, exp)
+    labels = exp.input_ids[:, exp.prompt_len:]
+    logp = ops.token_logprobs(logits, labels, temperature)
+    entropy = ops.entropy_from_logits(logits) if with_entropy else None
+    return logp, entropy
+
+
+def response_values(critic, exp: Experience) -> torch.Tensor:
+    """The critic's value of the state before each response token: [B, R]."""
+    values = models.token_values(critic, exp.input_ids, exp.attention_mask, exp.position_ids)
+    response_len = exp.action_mask.shape[1]
+    return values[:, exp.prompt_len - 1:exp.prompt_len - 1 + response_len].float()
+
+
+def _chunks(n: int, size: int) -> list[list[int]]:
+    return [list(range(i, min(i + size, n))) for i in range(0, n, size)]
+
+
+@torch.no_grad()
+def score_experience(exp: Experience, *, actor, reference, critic, temperature: float, micro: int) -> None:
+    """Fill in the old policy's log-probs, the reference's and the critic's values."""
+    old, ref, values = [], [], []
+    for index in _chunks(len(exp.rewards), micro):
+        part = exp.select(index)
+        old.append(response_logprobs(actor, part, temperature)[0])
+        if reference is not None:
+            ref.append(response_logprobs(reference, part, temperature)[0])
+        if critic is not None:
+            values.append(response_values(critic, part))
+    exp.old_logp = torch.cat(old)
+    exp.ref_logp = torch.cat(ref) if ref else None
+    exp.values = torch.cat(values) if values else None
+
+
+class AdaptiveKL:
+    """β ← β·(1 + clip(KL/target − 1, ±0.2)·n/horizon) (Ziegler et al. 2019); fixed when target is 0."""
+
+    def __init__(self, beta: float, target: float, horizon: int):
+        self.value, self.target, self.horizon = beta, target, horizon
+
+    def update(self, kl: float, n: int) -> None:
+        if self.target > 0:
+            error = max(-0.2, min(0.2, kl / self.target - 1))
+            self.value *= 1 + error * n / self.horizon
+
+
+class PromptStream:
+    """Prompts in a seeded order, a fresh permutation each epoch; ``cursor`` counts
+    prompts handed out, so a checkpoint of it resumes exactly."""
+
+    def __init__(self, rows: list[dict], seed: int, cursor: int = 0):
+        self.rows, self.seed, self.cursor = rows, seed, cursor
+
+    def take(self, n: int) -> list[dict]:
+        out = []
+        for _ in range(n):
+            epoch, index = divmod(self.cursor, len(self.rows))
+            order = list(range(len(self.rows)))
+            random.Random(self.seed * 100_003 + epoch).shuffle(order)
+            out.append(self.rows[order[index]])
+            self.cursor += 1
+        return out
+
+
+def _completion_ids(completions) -> list[list[int]]:
+    return [c.token_ids for c in completions]
+
+
+def generate_scored(prompts: list[dict], engine, params: SamplingParams, reward) -> tuple[list, Any]:
+    completions = engine.generate([p["prompt_ids"] for p in prompts], params)
+    n = params.n
+    texts = [p["prompt_text"] for p in prompts for _ in range(n)]
+    labels = [p["label"] for p in prompts for _ in range(n)]
+    columns: dict[str, list] = {}
+    for key in prompts[0].get("columns", {}):
+        columns[key] = [p["columns"].get(key) for p in prompts for _ in range(n)]
+    result = reward(texts, [c.text for c in completions], labels, columns)
+    return completions, result
+
+
+def rollout(stream: PromptStream, engine, params: SamplingParams, reward, sampler, batch: int):
+    """Generate and score ``batch`` prompt groups; a sampler may reject groups and ask for more."""
+    prompts = stream.take(batch)
+    completions, result = generate_scored(prompts, engine, params, reward)
+    metrics = dict(result.metrics)
+    if sampler is None:
+        return prompts, completions, result.rewards, metrics
+    kept_prompts, kept, kept_rewards = [], [], []
+    seen = accepted = 0
+    for round_ in range(sampler.max_rounds + 1):
+        n = params.n
+        keep = sampler.keep([result.scores[i * n:(i + 1) * n] for i in range(len(prompts))])
+        seen += len(prompts)
+        for i, ok in enumerate(keep):
+            if ok and len(kept_prompts) < batch:
+                kept_prompts.append(prompts[i])
+                kept.extend(completions[i * n:(i + 1) * n])
+                kept_rewards.extend(result.rewards[i * n:(i + 1) * n])
+                accepted += 1
+        if len(kept_prompts) >= batch or round_ == sampler.max_rounds:
+            break
+        prompts = stream.take(batch - len(kept_prompts))
+        completions, result = generate_scored(prompts, engine, params, reward)
+    metrics["sampler/pass_rate"] = accepted / seen
+    metrics["sampler/rounds"] = round_ + 1
+    if len(kept_prompts) < batch:
+        # out of rounds: fill with the last round's groups so the batch keeps its size
+        for i in range(batch - len(kept_prompts)):
+            kept_prompts.append(prompts[i])
+            kept.extend(completions[i * params.n:(i + 1) * params.n])
+            kept_rewards.extend(result.rewards[i * params.n:(i + 1) * params.n])
+    return kept_prompts, kept, kept_rewards, metrics
+
+
+@torch.no_grad()
+def evaluate(prompts: list[dict], engine, reward, rollout_cfg, k: int, pass_score: float) -> dict[str, float]:
+    """Greedy score and sampled pass@k on held-out prompts."""
+    if not prompts:
+        return {}
+    greedy = SamplingParams(n=1, greedy=True, max_new_tokens=rollout_cfg.max_new_tokens, stop=tuple(rollout_cfg.stop))
+    _, result = generate_scored(prompts, engine, greedy, reward)
+    sampled = dataclasses.replace(_sampling(rollout_cfg, k), seed=0)
+    _, sampled_result = generate_scored(prompts, engine, sampled, reward)
+    passed = [max(sampled_result.scores[i * k:(i + 1) * k]) >= pass_score for i in range(len(prompts))]
+    return {
+        "eval/greedy_score": sum(result.scores) / len(prompts),
+        "eval/greedy_accuracy": sum(s >= pass_score for s in result.scores) / len(prompts),
+        f"eval/pass@{k}": sum(passed) / len(prompts),
+    }
+
+
+def _sampling(r, n: int) -> SamplingParams:
+    return SamplingParams(n=n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                          max_new_tokens=r.max_new_tokens, stop=tuple(r.stop))
+
+
+def _load_prompts(config: RunConfig, host, tokenizer, split: str, log) -> list[dict]:
+    source = data.load_rows(config.data.path if split != "test" or not config.data.eval_path
+                            else config.data.eval_path, config.data, split=split, task_format="prompts",
+                            tasks=host.registry("register_tasks").items)
+    rows, skipped, _ = data.validate_rows(source, data.required_keys(config.data, "prompts"),
+                                          config.data.skip_bad_rows)
+    if skipped:
+        log(f"skipped {skipped} malformed rows of {source.source}")
+    return [data.encode_prompt(r, tokenizer, config.data) for r in rows]
+
+
+def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bool, log=print) -> dict[str, float]:
+    a, t, r = config.algorithm, config.training, config.rollout
+    torch.manual_seed(t.seed)
+    device = models.resolve_device(t.device)
+    tokenizer = models.load_tokenizer(config.model.path)
+
+    prompts = _load_prompts(config, host, tokenizer, config.data.split, log)
+    if config.data.max_samples:
+        prompts = prompts[:config.data.max_samples]
+    eval_prompts = []
+    if config.data.eval_path or config.data.path.startswith("builtin:"):
+        eval_prompts = _load_prompts(config, host, tokenizer, "test", log)[:a.eval_size]
+    if not prompts:
+        raise RunError(f"no prompts in {config.data.path!r}")
+
+    estimator = host.get("register_advantage_estimators", spec.estimator)
+    policy_loss = host.get("register_policy_losses", spec.policy_loss)
+    value_loss = host.get("register_value_losses", spec.value_loss) if spec.value_loss else None
+    reward = build_reward(config.reward, host, device=device)
+    sampler = host.get("register_samplers", a.sampler)(a.sampler_options) if a.sampler else None
+
+    samples = a.rollout_batch_size * a.n_samples
+    updates = samples * a.epochs // t.batch_size
+    total = t.max_steps or math.ceil(len(prompts) * t.epochs / a.rollout_batch_size)
+    micro_steps = t.batch_size // t.micro_batch_size
+    actor = make_engine(models.load_causal_lm(config.model, device), t, total_steps=total * updates,
+                        micro_steps_per_step=micro_steps)
+    reference = models.load_causal_lm(config.model, device, trainable=False) if a.kl_coef > 0 else None
+    critic = None
+    if value_loss is not None:
+        critic_cfg = dataclasses.replace(t, lr=a.critic_lr)
+        critic = make_engine(models.load_value_model(config.model, device), critic_cfg,
+                             total_steps=total * updates, micro_steps_per_step=micro_steps)
+    engine_name = host.hook.choose_rollout_engine(config=config) or r.engine
+    if engine_name not in ("auto", "native"):
+        raise RunError(f"rollout.engine {engine_name!r} is not available in this launcher (use native)")
+    generator = NativeEngine(actor.model, tokenizer, device=device, max_batch_size=r.max_batch_size)
+    params = _sampling(r, a.n_samples)
+    kl_coef = AdaptiveKL(a.kl_coef, a.kl_target, a.kl_horizon)
+
+    step, stream = 0, PromptStream(prompts, t.seed)
+    checkpoints = out / "checkpoints"
+    if resume:
+        path = latest_checkpoint(checkpoints)
+        if path is None:
+            raise RunError(f"--resume: no complete checkpoint under {checkpoints}")
+        state = load_checkpoint(path, actor)
+        if critic is not None:
+            load_checkpoint(path / "critic", critic)
+        step, stream.cursor, kl_coef.value = state["step"], state["cursor"], state["kl_coef"]
+        log(f"resumed from {path} at step {step}")
+
+    def checkpoint() -> None:
+        state = {"step": step, "cursor": stream.cursor, "kl_coef": kl_coef.value}
+        path = save_checkpoint(checkpoints, step, actor, state, keep=config.checkpoint.keep)
+        if critic is not None:
+            save_checkpoint(path, 0, critic, {}, keep=1, name="critic")
+
+    logger = RunLogger(out, config.logging, total, start_step=step, rank=actor.rank)
+    pass_score = a.eval_pass_score
+    if step == 0 and eval_prompts:
+        before = evaluate(eval_prompts, generator, reward, r, a.eval_k, pass_score)
+        log(f"before training: greedy accuracy {before['eval/greedy_accuracy']:.1%}, "
+            f"pass@{a.eval_k} {before[f'eval/pass@{a.eval_k}']:.1%}")
+        logger.log(0, before)
+    metrics: dict[str, float] = {}
+    while step < total:
+        # 1-2. rollout and reward
+        started = time.perf_counter()
+        params = dataclasses.replace(params, seed=t.seed * 1_000_003 + step)
+        batch_prompts, completions, rewards, metrics = rollout(
+            stream, generator, params, reward, sampler, a.rollout_batch_size)
+        rollout_time = time.perf_counter() - started
+        responses = _completion_ids(completions)
+        prompt_ids = [p["prompt_ids"] for p in batch_prompts for _ in range(a.n_samples)]
+        exp = build_experience(prompt_ids, responses, tokenizer.pad_token_id, rewards, device)
+        lengths = exp.action_mask.sum(-1)
+        raw_rewards = exp.rewards
+        if a.overlong_buffer:
+            exp.rewards = ops.overlong_penalty(exp.rewards, lengths, r.max_new_tokens, a.overlong_buffer,
+                                               a.overlong_factor)
+
+        # 3. old log-probs, reference log-probs, values
+        started = time.perf_counter()
+        actor.model.eval()
+        score_experience(exp, actor=actor.model, reference=reference, critic=critic.model if critic else None,
+                         temperature=r.temperature, micro=t.micro_batch_size)
+        kl = ops.kl_estimator(a.kl_estimator)(exp.old_logp, exp.ref_logp) if reference is not None else None
+
+        # 4. advantages
+        exp.advantages, exp.returns = estimator(
+            exp.rewards, exp.action_mask, kl=None if a.kl_loss else kl, beta=kl_coef.value,
+            values=exp.values, n_samples=a.n_samples, config=a)
+
+        # 5. updates
+        actor.model.train()
+        train_metrics = update(exp, actor, critic, policy_loss, value_loss, a, t, r, kl_coef.value,
+                               seed=t.seed * 7919 + step)
+        train_time = time.perf_counter() - started
+        step += 1
+
+        mean_kl = ops.masked_mean(kl, exp.action_mask).item() if kl is not None else 0.0
+        kl_coef.update(mean_kl, samples)
+        generated = exp.action_mask.sum().item()
+        metrics.update(train_metrics)
+        metrics.update({
+            "reward/mean": raw_rewards.mean().item(),
+            "reward/std": raw_rewards.std().item() if len(raw_rewards) > 1 else 0.0,
+            "advantage/mean": ops.masked_mean(exp.advantages, exp.action_mask).item(),
+            "kl": mean_kl,
+            "kl_coef": kl_coef.value,
+            "response_length/mean": lengths.mean().item(),
+            "time/rollout": rollout_time,
+            "time/train": train_time,
+            "tokens_per_s/rollout": generated / max(rollout_time, 1e-9),
+        })
+        host.hook.on_rollout_end(step=step, rollout=exp, metrics=metrics)
+        if (a.eval_every and step % a.eval_every == 0) or step == total:
+            evaluated = evaluate(eval_prompts, generator, reward, r, a.eval_k, pass_score)
+            metrics.update(evaluated)
+            host.hook.on_eval_end(step=step, metrics=evaluated)
+        logger.log(step, metrics)
+        host.hook.on_step_end(step=step, metrics=metrics)
+        if config.checkpoint.every and step % config.checkpoint.every == 0 and step < total:
+            checkpoint()
+    logger.close()
+    checkpoint()
+    if eval_prompts and "eval/greedy_accuracy" in metrics:
+        log(f"after training: greedy accuracy {metrics['eval/greedy_accuracy']:.1%}, "
+            f"pass@{a.eval_k} {metrics[f'eval/pass@{a.eval_k}']:.1%}")
+    if config.checkpoint.save_final:
+        save_hf(actor, tokenizer, out / "final")
+        if critic is not None:
+            save_hf(critic, tokenizer, out / "final_critic")
+    return metrics
+
+
+def update(exp: Experience, actor, critic, policy_loss, value_loss, a, t, r, beta: float, seed: int) -> dict:
+    """``epochs`` passes of mini-batch updates over the rollout batch."""
+    rng = random.Random(seed)
+    sums: dict[str, float] = {}
+    count = 0
+    n = len(exp.rewards)
+    kl_fn = ops.kl_estimator(a.kl_estimator)
+    for _ in range(a.epochs):
+        order = list(range(n))
+        rng.shuffle(order)
+        for start in range(0, n, t.batch_size):
+            batch = exp.select(order[start:start + t.batch_size])
+            tokens = actor.all_reduce_sum(batch.action_mask.sum()).item()
+            seqs = actor.all_reduce_sum(torch.tensor(float(len(batch.rewards)))).item()
+            agg = dict(token_count=tokens, seq_count=seqs, max_len=r.max_new_tokens)
+            step_metrics: dict[str, float] = {}
+            for index in _chunks(len(batch.rewards), t.micro_batch_size):
+                micro = batch.select(index)
+                logp, entropy = response_logprobs(actor.model, micro, r.temperature, with_entropy=True)
+                per_token, extra = policy_loss(logp, micro.old_logp, micro.advantages, micro.action_mask, config=a)
+                loss = ops.aggregate(per_token, micro.action_mask, a.loss_agg, **agg)
+                policy = loss.item()
+                if a.kl_loss and micro.ref_logp is not None:
+                    loss = loss + beta * ops.aggregate(kl_fn(logp, micro.ref_logp), micro.action_mask,
+                                                       a.loss_agg, **agg)
+                entropy_term = ops.aggregate(entropy, micro.action_mask, a.loss_agg, **agg)
+                if a.entropy_coef:
+                    loss = loss - a.entropy_coef * entropy_term
+                actor.backward(loss * actor.world_size)
+                share = micro.action_mask.sum().item() / tokens
+                _add(step_metrics, {"loss/policy": policy, "entropy": entropy_term.item()})
+                _add(step_metrics, {k: v.item() * share for k, v in extra.items()})
+                if critic is not None:
+                    values = response_values(critic.model, micro)
+                    per_token, extra = value_loss(values, micro.values, micro.returns, micro.action_mask, config=a)
+                    vloss = ops.aggregate(per_token, micro.action_mask, "token_mean", token_count=tokens)
+                    critic.backward(vloss * critic.world_size)
+                    _add(step_metrics, {"loss/value": vloss.item(),
+                                        **{f"value/{k}": v.item() * share for k, v in extra.items()}})
+            _add(step_metrics, actor.step())
+            if critic is not None:
+                _add(step_metrics, {f"critic/{k}": v for k, v in critic.step().items()})
+            _add(sums, step_metrics)
+            count += 1
+    return {k: v / count for k, v in sums.items()}
+
+
+def _add(into: dict[str, float], values: dict[str, float]) -> None:
+    for k, v in values.items():
+        into[k] = into.get(k, 0.0) + float(v)

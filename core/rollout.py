@@ -1,0 +1,257 @@
+"""Rollout engines: sample completions of prompts, with the log-prob of every sampled token.
+
+``RolloutEngine`` is the interface the trainers use; ``NativeEngine`` fills it with a
+transformers causal LM and a decode loop of its own (left-padded batches, a KV cache,
+temperature / top-k / top-p sampling), so that sampling and log-probs are under rlx's
+control. Faster engines (vLLM, ...) implement the same four methods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import torch
+from transformers import DynamicCache
+
+
+@dataclass
+class SamplingParams:
+    """How to sample: ``n`` completions per prompt, at most ``max_new_tokens`` each.
+
+    ``greedy`` (or ``temperature=0``) takes the arg-max token; ``top_k=0`` and
+    ``top_p=1.0`` switch those truncations off. ``stop`` strings end a completion like
+    EOS does. ``seed`` makes sampling reproducible.
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 64
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    greedy: bool = False
+
+
+@dataclass
+class Completion:
+    """One sampled completion of prompt ``prompt_index``.
+
+    ``token_ids`` are the sampled tokens, EOS included when it ended the completion;
+    ``logprobs[k]`` is the log-prob of ``token_ids[k]`` under softmax(logits / T).
+    ``text`` is the decoded completion without special tokens. ``finish_reason`` is
+    ``"stop"`` (EOS or a stop string) or ``"length"`` (``max_new_tokens`` reached).
+    """
+
+    prompt_index: int
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: Literal["stop", "length"]
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """What trainers need from an inference engine."""
+
+    def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> list[Completion]:
+        """``params.n`` completions per prompt, prompt-major: prompt 0's n, then prompt 1's ..."""
+        ...
+
+    def update_weights(self, weights: torch.nn.Module | Mapping[str, torch.Tensor]) -> None:
+        """Load the trainer's current weights: a module or a state dict of named tensors."""
+        ...
+
+    def sleep(self) -> None:
+        """Release memory between rollouts (optional)."""
+
+    def wake(self) -> None:
+        """Take memory back before the next rollout (optional)."""
+
+
+class NativeEngine(RolloutEngine):
+    """Rollouts with a transformers causal LM and a hand-written KV-cache decode loop.
+
+    The engine holds a reference to ``model``: when that is the actor being trained,
+    generation sees every optimizer step at once and ``update_weights(model)`` is a
+    no-op. Batches hold up to ``max_batch_size`` sequences, and always whole groups of
+    the n samples of a prompt: each prompt is prefilled once and its KV cache copied to
+    its n samples. Rows that finish leave the batch.
+
+    Log-probs are taken under softmax(logits / T) before top-k/top-p truncation, the
+    distribution the trainer recomputes (ALGORITHMS.md: training log-probs use
+    logits / temperature); greedy decoding reports them at T = 1 when temperature is 0.
+
+    A stop string ends the completion at the token that completes it: ``token_ids``
+    and ``logprobs`` keep every sampled token, ``text`` keeps the stop string and drops
+    whatever that last token decoded to after it.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, *, device: str | torch.device | None = None, max_batch_size: int = 64):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = torch.device(device) if device is not None else next(model.parameters()).device
+        self.max_batch_size = max_batch_size
+        self.eos_ids = _eos_ids(model, tokenizer)
+        self.pad_id = _pad_id(model, tokenizer, self.eos_ids)
+
+    def update_weights(self, weights: torch.nn.Module | Mapping[str, torch.Tensor]) -> None:
+        if weights is self.model:
+            return
+        state = weights.state_dict() if isinstance(weights, torch.nn.Module) else weights
+        self.model.load_state_dict(state)
+
+    def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> list[Completion]:
+        if any(len(p) == 0 for p in prompt_ids):
+            raise ValueError("every prompt needs at least one token")
+        if params.n < 1:
+            raise ValueError(f"SamplingParams.n must be >= 1, got {params.n}")
+        generator = None
+        if params.seed is not None:
+            generator = torch.Generator(self.device).manual_seed(params.seed)
+        prompts_per_batch = max(1, self.max_batch_size // params.n)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.inference_mode():
+                completions = []
+                for start in range(0, len(prompt_ids), prompts_per_batch):
+                    batch = prompt_ids[start : start + prompts_per_batch]
+                    completions += self._generate_batch(batch, start, params, generator)
+        finally:
+            self.model.train(was_training)
+        return completions
+
+    def _generate_batch(
+        self, prompts: list[list[int]], first_index: int, params: SamplingParams, generator: torch.Generator | None
+    ) -> list[Completion]:
+        n = params.n
+        # Left padding puts every prompt's last token in the last column, where decoding starts.
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long, device=self.device)
+        attention = torch.zeros_like(ids)
+        for row, prompt in enumerate(prompts):
+            ids[row, width - len(prompt) :] = torch.tensor(prompt, device=self.device)
+            attention[row, width - len(prompt) :] = 1
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+
+        cache = DynamicCache(config=self.model.config)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=attention,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        # One prefill per prompt, shared by its n samples.
+        cache.batch_repeat_interleave(n)
+        logits = out.logits[:, -1].float().repeat_interleave(n, 0)
+        attention = attention.repeat_interleave(n, 0)
+        next_position = positions[:, -1:].repeat_interleave(n, 0) + 1
+
+        rows = len(prompts) * n
+        tokens: list[list[int]] = [[] for _ in range(rows)]
+        logprobs: list[list[float]] = [[] for _ in range(rows)]
+        finished = [False] * rows
+        active = list(range(rows))  # the rows still in the batch, in batch order
+        max_stop = max((len(s) for s in params.stop), default=0)
+        for step in range(params.max_new_tokens):
+            token, logprob = _sample(logits, params, generator)
+            for row, tok, lp in zip(active, token.tolist(), logprob.tolist()):
+                tokens[row].append(tok)
+                logprobs[row].append(lp)
+                finished[row] = tok in self.eos_ids or (max_stop > 0 and self._hits_stop(tokens[row], params.stop, max_stop))
+            keep = [b for b, row in enumerate(active) if not finished[row]]
+            if not keep or step == params.max_new_tokens - 1:
+                break
+            if len(keep) < len(active):
+                index = torch.tensor(keep, device=self.device)
+                cache.batch_select_indices(index)
+                token, attention, next_position = token[index], attention[index], next_position[index]
+                active = [active[b] for b in keep]
+            attention = torch.cat([attention, attention.new_ones(len(active), 1)], dim=1)
+            out = self.model(
+                input_ids=token[:, None],
+                attention_mask=attention,
+                position_ids=next_position,
+                past_key_values=cache,
+                use_cache=True,
+            )
+            logits = out.logits[:, -1].float()
+            next_position = next_position + 1
+
+        completions = []
+        for row in range(rows):
+            text = self.tokenizer.decode(tokens[row], skip_special_tokens=True)
+            if finished[row] and tokens[row][-1] not in self.eos_ids:
+                text = _cut_after_stop(text, params.stop)
+            reason = "stop" if finished[row] else "length"
+            completions.append(Completion(first_index + row // n, tokens[row], logprobs[row], text, reason))
+        return completions
+
+    def _hits_stop(self, tokens: list[int], stop: tuple[str, ...], max_stop: int) -> bool:
+        """Whether the newest token completes a stop string.
+
+        Only a tail of the completion is decoded, long enough to hold the longest stop
+        string (a token decodes to at least one character), which keeps the check cheap
+        for long completions: earlier occurrences were caught at earlier steps.
+        """
+        tail = self.tokenizer.decode(tokens[-(max_stop + 2) :], skip_special_tokens=True)
+        return any(s in tail for s in stop)
+
+
+def _sample(
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Next token of each row and its log-prob under softmax(logits / T), before truncation."""
+    greedy = params.greedy or params.temperature == 0
+    logprobs = (logits / (params.temperature if params.temperature > 0 else 1.0)).log_softmax(-1)
+    if greedy:
+        token = logprobs.argmax(-1)
+    else:
+        weights = _truncate(logprobs, params.top_k, params.top_p).exp()
+        token = torch.multinomial(weights, 1, generator=generator).squeeze(-1)
+    return token, logprobs.gather(-1, token[:, None]).squeeze(-1)
+
+
+def _truncate(logprobs: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Top-k, then top-p (nucleus) on the renormalised top-k distribution; dropped tokens get −inf."""
+    if 0 < top_k < logprobs.shape[-1]:
+        kth = logprobs.topk(top_k, dim=-1).values[:, -1:]
+        logprobs = logprobs.masked_fill(logprobs < kth, float("-inf")).log_softmax(-1)
+    if top_p < 1.0:
+        sorted_logprobs, order = logprobs.sort(-1, descending=True)
+        probs = sorted_logprobs.exp()
+        # Drop a token once the tokens ranked above it hold more than top_p of the mass.
+        drop_sorted = probs.cumsum(-1) - probs > top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logprobs = logprobs.masked_fill(drop, float("-inf"))
+    return logprobs
+
+
+def _cut_after_stop(text: str, stop: tuple[str, ...]) -> str:
+    """``text`` up to and including the earliest stop string in it."""
+    ends = [text.find(s) + len(s) for s in stop if s in text]
+    return text[: min(ends)] if ends else text
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
+    """Every EOS id named by the generation config, the model config or the tokenizer."""
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config, tokenizer):
+        eos = getattr(source, "eos_token_id", None)
+        if eos is not None:
+            ids.update([eos] if isinstance(eos, int) else eos)
+    return ids
+
+
+def _pad_id(model: Any, tokenizer: Any, eos_ids: set[int]) -> int:
+    """A token to fill left padding with; it is masked out, so any valid id will do."""
+    for source in (tokenizer, getattr(model, "generation_config", None), model.config):
+        pad = getattr(source, "pad_token_id", None)
+        if pad is not None:
+            return pad
+    return min(eos_ids, default=0)
