@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -53,14 +52,14 @@ class BadRow:
 
 @dataclass
 class RowSource:
-    """Rows and where they came from, for error messages.
+    """Rows and where they came from (``source``: a file, folder, hub or builtin name).
 
     ``rows`` is a list of dicts or a ``datasets.Dataset``. ``numbers`` holds the
     1-based number that names each row in messages (the line number for JSON lines,
     where ``unit`` is "line"); when None a row is named by its position.
     """
 
-    name: str
+    source: str
     rows: Sequence[Any]
     numbers: list[int] | None = None
     unit: str = "row"
@@ -70,7 +69,7 @@ class RowSource:
 
     def where(self, index: int) -> str:
         number = self.numbers[index] if self.numbers is not None else index + 1
-        return f"{self.name} {self.unit} {number}"
+        return f"{self.source} {self.unit} {number}"
 
 
 # ---------------------------------------------------------------------------
@@ -94,7 +93,7 @@ def load_rows(
         return _builtin_rows(path, cfg, split, task_format, tasks, key)
     local = Path(path).expanduser()
     if local.is_file():
-        return _file_rows(local)
+        return _file_rows(local, cfg)
     if local.is_dir():
         return _folder_rows(local, split)
     if local.suffix in FILE_FORMATS or path.startswith((".", "/", "~")):
@@ -125,7 +124,7 @@ def _builtin_rows(path: str, cfg: DataConfig, split: str, task_format: str, task
     return RowSource(path, rows)
 
 
-def _file_rows(path: Path) -> RowSource:
+def _file_rows(path: Path, cfg: DataConfig) -> RowSource:
     kind = FILE_FORMATS.get(path.suffix.lower())
     if kind is None:
         raise DataError(f"data file {str(path)!r}: unsupported extension; use one of {', '.join(FILE_FORMATS)}")
@@ -136,8 +135,13 @@ def _file_rows(path: Path) -> RowSource:
         return _json_rows(path)
     import datasets
 
+    options = {}
+    if kind == "csv":
+        # CSV has no types: keep text columns as text, or an answer "68" becomes 68.0.
+        text = (cfg.prompt_key, cfg.response_key, cfg.label_key, cfg.chosen_key, cfg.rejected_key, cfg.completion_key)
+        options["converters"] = dict.fromkeys(text, str)
     try:
-        ds = datasets.load_dataset(kind, data_files=str(path), split="train")
+        ds = datasets.load_dataset(kind, data_files=str(path), split="train", **options)
     except Exception as e:
         raise DataError(f"data file {str(path)!r} could not be read as {kind}: {type(e).__name__}: {e}") from e
     return RowSource(str(path), ds)
@@ -208,24 +212,62 @@ def _hub_rows(name: str, split: str, key: str) -> RowSource:
 # validation
 
 
+@dataclass(frozen=True)
+class Schema:
+    """What each row of one format must hold, for ``validate_rows``.
+
+    ``required`` maps each key to its allowed types (``Messages`` or
+    ``Conversation`` for chat messages); ``nonempty`` keys must not be blank
+    strings; each pair in ``distinct`` must differ. A row that has the key
+    ``instead[0]`` is checked against the schema ``instead[1]`` rather than this one.
+    """
+
+    required: dict[str, tuple[type, ...]]
+    nonempty: tuple[str, ...] = ()
+    distinct: tuple[tuple[str, str], ...] = ()
+    instead: tuple[str, Schema] | None = None
+
+    def for_row(self, row: dict) -> Schema:
+        if self.instead is not None and row.get(self.instead[0]) is not None:
+            return self.instead[1]
+        return self
+
+
+def required_keys(cfg: DataConfig, task_format: str) -> Schema:
+    """The schema of ``task_format`` rows under the column names of ``cfg``.
+
+    An SFT row holding ``cfg.messages_key`` is a multi-turn chat and needs nothing else.
+    """
+    prompt = (str, Messages)
+    if task_format == "sft":
+        chat = Schema({cfg.messages_key: (Conversation,)})
+        return Schema({cfg.prompt_key: prompt, cfg.response_key: (str,)}, nonempty=(cfg.response_key,),
+                      instead=(cfg.messages_key, chat))
+    if task_format == "pairs":
+        keys = (cfg.chosen_key, cfg.rejected_key)
+        return Schema({cfg.prompt_key: prompt, **dict.fromkeys(keys, (str,))}, nonempty=keys, distinct=(keys,))
+    if task_format == "unpaired":
+        return Schema({cfg.prompt_key: prompt, cfg.completion_key: (str,), cfg.desirable_key: (bool,)},
+                      nonempty=(cfg.completion_key,))
+    if task_format == "prompts":
+        return Schema({cfg.prompt_key: prompt})
+    raise ValueError(f"unknown task format {task_format!r}; known: {', '.join(FORMATS)}")
+
+
 def validate_rows(
-    source: RowSource,
-    required: dict[str, tuple[type, ...]],
-    skip_bad: bool,
-    *,
-    nonempty: Sequence[str] = (),
-    distinct: Sequence[tuple[str, str]] = (),
+    source: RowSource, required: Schema | dict[str, tuple[type, ...]], skip_bad: bool
 ) -> tuple[list[dict], int, list[str]]:
     """Check every row; return (good rows, number skipped, the first few errors).
 
-    ``required`` maps each key to its allowed types (``Messages``/``Conversation``
-    for chat messages); ``nonempty`` keys must not be blank strings; each pair in
-    ``distinct`` must differ. A bad row raises ``DataError`` naming the source, row
-    and key, or is skipped and counted when ``skip_bad``.
+    ``required`` is a ``Schema`` (see ``required_keys``) or a plain mapping of keys
+    to allowed types. A bad row raises ``DataError`` naming the source, the row and
+    the key, or is skipped and counted when ``skip_bad``. A source with no good row
+    at all is an error either way.
     """
+    schema = required if isinstance(required, Schema) else Schema(dict(required))
     good, skipped, errors = [], 0, []
     for index, row in enumerate(source.rows):
-        problem = _row_problem(row, required, nonempty, distinct)
+        problem = _row_problem(row, schema)
         if problem is None:
             good.append(row)
             continue
@@ -235,45 +277,19 @@ def validate_rows(
         skipped += 1
         if len(errors) < MAX_REPORTED_ERRORS:
             errors.append(message)
+    if not good:
+        detail = f"; all {skipped} are malformed, first: {errors[0]}" if skipped else ""
+        raise DataError(f"{source.source}: no usable rows{detail}")
     return good, skipped, errors
 
 
-def row_rules(cfg: DataConfig, task_format: str, source: RowSource) -> dict:
-    """The ``validate_rows`` keyword arguments for rows of ``task_format``.
-
-    SFT rows are multi-turn chats when the first row has ``cfg.messages_key``.
-    """
-    prompt = (str, Messages)
-    if task_format == "sft":
-        first = source.rows[0] if len(source) else {}
-        if isinstance(first, dict) and first.get(cfg.messages_key) is not None:
-            return {"required": {cfg.messages_key: (Conversation,)}}
-        return {"required": {cfg.prompt_key: prompt, cfg.response_key: (str,)}, "nonempty": [cfg.response_key]}
-    if task_format == "pairs":
-        keys = (cfg.chosen_key, cfg.rejected_key)
-        return {"required": {cfg.prompt_key: prompt, **dict.fromkeys(keys, (str,))},
-                "nonempty": list(keys), "distinct": [keys]}
-    if task_format == "unpaired":
-        return {"required": {cfg.prompt_key: prompt, cfg.completion_key: (str,), cfg.desirable_key: (bool,)},
-                "nonempty": [cfg.completion_key]}
-    if task_format == "prompts":
-        return {"required": {cfg.prompt_key: prompt}}
-    raise ValueError(f"unknown task format {task_format!r}; known: {', '.join(FORMATS)}")
-
-
-def check_rows(source: RowSource, cfg: DataConfig, task_format: str) -> tuple[list[dict], int, list[str]]:
-    """``validate_rows`` with the rules of ``task_format`` and ``cfg.skip_bad_rows``."""
-    if len(source) == 0:
-        raise DataError(f"{source.name}: no rows")
-    return validate_rows(source, skip_bad=cfg.skip_bad_rows, **row_rules(cfg, task_format, source))
-
-
-def _row_problem(row: Any, required: dict, nonempty: Sequence[str], distinct: Sequence[tuple[str, str]]) -> str | None:
+def _row_problem(row: Any, schema: Schema) -> str | None:
     if isinstance(row, BadRow):
         return row.problem
     if not isinstance(row, dict):
-        return f"expected an object with keys {', '.join(required)}, got {type(row).__name__}"
-    for key, types in required.items():
+        return f"expected an object with keys {', '.join(schema.required)}, got {type(row).__name__}"
+    schema = schema.for_row(row)
+    for key, types in schema.required.items():
         if key not in row:
             return f"key {key!r} is missing (columns: {', '.join(map(str, row))})"
         if row[key] is None:
@@ -281,11 +297,11 @@ def _row_problem(row: Any, required: dict, nonempty: Sequence[str], distinct: Se
         problem = _type_problem(row[key], types)
         if problem:
             return f"key {key!r} {problem}"
-    for key in nonempty:
-        if isinstance(row.get(key), str) and not row[key].strip():
+    for key in schema.nonempty:
+        if not row[key].strip():
             return f"key {key!r} is empty"
-    for a, b in distinct:
-        if row.get(a) == row.get(b):
+    for a, b in schema.distinct:
+        if row[a] == row[b]:
             return f"keys {a!r} and {b!r} are the same ({_short(row[a])}); a pair needs two different responses"
     return None
 
@@ -507,9 +523,10 @@ def pack_batch(seqs: list[list[int]], masks: list[list[int]], max_tokens: int | 
     """Concatenate samples into one row with no padding.
 
     Returns ``input_ids``, ``position_ids`` (restarting at 0 for each sample) and
-    ``loss_mask``, each [1, L], and ``seq_lens`` [B]. Pass no attention mask to the
-    model: transformers finds the sample boundaries from ``position_ids`` and keeps
-    attention within each sample. After the usual one-token shift, the logits at a
+    ``loss_mask``, each [1, L], and ``seq_lens`` [B]. Call the model with these
+    ``position_ids``, no attention mask and ``use_cache=False``: transformers then
+    finds the sample boundaries from the positions and keeps attention within each
+    sample (a KV cache turns that detection off). After the usual one-token shift, the logits at a
     sample's last token face the next sample's first token: split per sample with
     ``seq_lens`` before shifting. ``max_tokens`` bounds L.
     """

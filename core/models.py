@@ -154,6 +154,9 @@ def load_value_model(cfg: ModelConfig, device: torch.device, *, path: str | None
     from transformers import AutoModelForSequenceClassification
 
     model = _from_pretrained(AutoModelForSequenceClassification, cfg, device, path, num_labels=1)
+    if model.config.pad_token_id is None:
+        # the model's own forward pools at the last non-pad token and needs the pad id
+        model.config.pad_token_id = load_tokenizer(path or cfg.path).pad_token_id
     return _prepare_for_training(model, cfg, "SEQ_CLS") if trainable else _freeze(model)
 
 
@@ -167,12 +170,19 @@ def hf_module(model):
 
 def token_values(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                  position_ids: torch.Tensor | None = None) -> torch.Tensor:
-    """The scalar head applied at every position: ``[B, T]`` in float32."""
-    hf = hf_module(model)
-    base = getattr(hf, hf.base_model_prefix)
-    hidden = base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                  use_cache=False).last_hidden_state
-    return hf.score(hidden).squeeze(-1).float()
+    """The scalar head applied at every position: ``[B, T]`` in float32.
+
+    The head's output is taken from a forward pass of the whole model rather than by
+    calling the base model and the head one after the other: DeepSpeed ZeRO-3 only
+    accumulates gradients correctly over passes through the outermost module.
+    """
+    captured = []
+    hook = hf_module(model).score.register_forward_hook(lambda module, args, out: captured.append(out))
+    try:
+        model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+    finally:
+        hook.remove()
+    return captured[-1].squeeze(-1).float()
 
 
 def last_token_values(values: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

@@ -85,7 +85,7 @@ def response_logits(model, exp: Experience) -> torch.Tensor:
     """Logits that predict each response token: [B, R, V]."""
     response_len = exp.action_mask.shape[1]
     out = model(input_ids=exp.input_ids, attention_mask=exp.attention_mask, position_ids=exp.position_ids,
-                logits_to_keep=response_len + 1)
+                logits_to_keep=response_len + 1, use_cache=False)
     return out.logits[:, :-1]
 
 

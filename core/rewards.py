@@ -102,36 +102,44 @@ def build_reward(cfg: RewardConfig, host, *, device=None) -> RewardPipeline:
     before any rollout.
     """
     sources = [_function_source(spec, host) for spec in cfg.functions]
-    if cfg.model:
-        try:
-            factory = host.get("register_reward_models", cfg.model_type)
-        except RegistryError as e:
-            raise RewardError(f"reward.model_type: {e}") from e
-        try:
-            scorer = factory(cfg.model, config=cfg, device=device)
-        except Exception as e:
-            raise RewardError(f"reward.model: {cfg.model_type!r} could not load {cfg.model!r}: "
-                              f"{type(e).__name__}: {e}") from e
-        sources.append(RewardSource("model", f"reward model {cfg.model!r}",
-                                    lambda prompts, completions, labels, **columns: scorer(prompts, completions)))
-    if not sources:
+    names = [s.name for s in sources] + (["model"] if cfg.model else [])
+    if not names:
         raise RewardError("no reward: set reward.functions and/or reward.model")
-
-    names = [s.name for s in sources]
     repeated = sorted({name for name in names if names.count(name) > 1})
     if repeated:
         raise RewardError(f"reward sources must have distinct names; repeated: {', '.join(repeated)}")
-
-    weights = list(cfg.weights) or [1.0] * len(sources)
-    if len(weights) != len(sources):
-        raise RewardError(f"reward.weights has {len(weights)} values but there are {len(sources)} reward "
+    weights = [float(w) for w in cfg.weights] or [1.0] * len(names)
+    if len(weights) != len(names):
+        raise RewardError(f"reward.weights has {len(weights)} values but there are {len(names)} reward "
                           f"sources ({', '.join(names)}); give one weight per source, functions first, "
                           f"then the model, or none for all 1")
+    bad = [(name, w) for name, w in zip(names, weights) if not math.isfinite(w)]
+    if bad:
+        raise RewardError(f"reward.weights: the weight of {bad[0][0]} is {bad[0][1]}")
+
+    # the model loads last: every configuration error above is found without waiting for it
+    if cfg.model:
+        sources.append(_model_source(cfg, host, device))
     for source, weight in zip(sources, weights):
-        if not math.isfinite(weight):
-            raise RewardError(f"reward.weights: the weight of {source.what} is {weight}")
-        source.weight = float(weight)
+        source.weight = weight
     return RewardPipeline(sources)
+
+
+def _model_source(cfg: RewardConfig, host, device) -> RewardSource:
+    try:
+        factory = host.get("register_reward_models", cfg.model_type)
+    except RegistryError as e:
+        raise RewardError(f"reward.model_type: {e}") from e
+    try:
+        scorer = factory(cfg.model, config=cfg, device=device)
+    except Exception as e:
+        raise RewardError(f"reward.model: {cfg.model_type!r} could not load {cfg.model!r}: "
+                          f"{type(e).__name__}: {e}") from e
+
+    def model(prompts, completions, labels, **columns):
+        return scorer(prompts, completions)
+
+    return RewardSource("model", f"reward model {cfg.model!r}", model)
 
 
 def _function_source(spec: str, host) -> RewardSource:
@@ -166,8 +174,8 @@ def _run(source: RewardSource, prompts, completions, labels, columns):
     try:
         result = source.fn(prompts, completions, labels, **columns)
     except Exception as e:
-        raise RewardError(f"{source.what} raised {type(e).__name__}: {e} "
-                          f"on {_first_failing(source, prompts, completions, labels, columns, sample)}") from e
+        where = _first_failing(source, prompts, completions, labels, columns, sample)
+        raise RewardError(f"{source.what} raised {type(e).__name__} on {where}: {e}") from e
 
     if isinstance(result, dict):
         if "rewards" not in result:

@@ -32,6 +32,7 @@ CHAT_TEMPLATE = (
 
 # name -> architecture; all share the sizes of make_model's defaults
 BUILTINS = {"tiny": "qwen2", "tiny-llama": "llama"}
+DEMO = "tiny-arithmetic"  # builtin:tiny after a short SFT, made by rlx.demo
 
 
 def make_tokenizer(out_dir: str | os.PathLike):
@@ -138,8 +139,13 @@ def builtin_model(name: str) -> str:
     the first rename wins and the other's build is discarded.
     """
     short = name.removeprefix("builtin:")
+    if short == DEMO:
+        from rlx.demo import tiny_arithmetic
+
+        return str(tiny_arithmetic(cache_dir() / "models" / short))
     if short not in BUILTINS:
-        raise ValueError(f"unknown built-in model {name!r}; known: {', '.join('builtin:' + n for n in BUILTINS)}")
+        known = ", ".join("builtin:" + n for n in (*BUILTINS, DEMO))
+        raise ValueError(f"unknown built-in model {name!r}; known: {known}")
     target = cache_dir() / "models" / short
     if target.is_dir():
         return str(target)

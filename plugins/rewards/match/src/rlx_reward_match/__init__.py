@@ -11,6 +11,7 @@ from rlx.tasks import exact_match as _rule
 
 
 def exact_match(prompts, completions, labels, **columns):
+    """1.0 per completion whose answer is its label under the built-in tasks' rule, else 0.0."""
     rewards = []
     for completion, label in zip(completions, labels):
         if label is None:
