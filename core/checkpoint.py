@@ -93,14 +93,17 @@ def latest_checkpoint(root: str | Path) -> Path | None:
     return found[-1] if found else None
 
 
-def save_checkpoint(root: str | Path, step: int, engine, trainer_state: dict, keep: int) -> Path:
+def save_checkpoint(root: str | Path, step: int, engine, trainer_state: dict, keep: int, *,
+                    name: str | None = None) -> Path:
     """Save ``engine`` and ``trainer_state`` as ``root/step_{step:08d}``; returns the path.
 
-    Keeps the ``keep`` newest complete checkpoints (all of them when ``keep`` < 1) and
-    removes leftovers of earlier saves that were killed.
+    Keeps the ``keep`` newest complete step checkpoints (all of them when ``keep`` < 1)
+    and removes leftovers of earlier saves that were killed. ``name`` saves under
+    another folder name instead (a second engine beside the first, say); such folders
+    are never pruned and never returned by ``latest_checkpoint``.
     """
     root = Path(root)
-    final = root / f"step_{step:08d}"
+    final = root / (name or f"step_{step:08d}")
     # every rank writes into the folder rank 0 names
     tmp = Path(engine.broadcast_object(str(root / f"{final.name}.tmp-{os.getpid()}")))
     if engine.rank == 0:
@@ -133,7 +136,7 @@ def save_checkpoint(root: str | Path, step: int, engine, trainer_state: dict, ke
 
 
 def _prune(root: Path, keep: int, current: Path) -> None:
-    for leftover in root.glob("step_*.tmp-*"):
+    for leftover in root.glob("*.tmp-*"):
         shutil.rmtree(leftover, ignore_errors=True)
     if keep < 1:
         return
@@ -150,6 +153,7 @@ def load_checkpoint(path: str | Path, engine) -> dict:
     engine.load(path / "engine")
     rng = path / "rng" / f"rank_{engine.rank}.pt"
     if not rng.is_file():
-        raise FileNotFoundError(f"{path} holds no RNG state for rank {engine.rank}: resume with the world size it was saved with")
+        raise FileNotFoundError(f"{path} holds no RNG state for rank {engine.rank}: "
+                                "resume with the world size it was saved with")
     set_rng_state(torch.load(rng, weights_only=True))
     return json.loads((path / "trainer_state.json").read_text())

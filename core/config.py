@@ -413,7 +413,8 @@ class OnlineConfig:
 # tiny model rlx fine-tunes itself, sized for two CPU cores.
 ONLINE_DEFAULTS = {
     "model.path": "builtin:tiny-arithmetic",
-    "data.path": "builtin:arithmetic",
+    "data.path": "builtin:arithmetic_small",
+    "data.chat_template": "none",
     "training.lr": 2e-5,
     "training.scheduler": "constant",
     "training.batch_size": 64,

@@ -1,26 +1,41 @@
-"""The demo policy ``builtin:tiny-arithmetic``: the tiny model after a short SFT.
+"""The demo policy ``builtin:tiny-arithmetic``: the tiny model after a short, flawed SFT.
 
-Online RL needs a policy that is sometimes right. rlx makes one the first time it is
-asked for, with its own SFT algorithm on ``builtin:arithmetic``, and caches it; the run
-that made it stays beside it (``.../tiny-arithmetic-run``) for anyone who wants to see
-how.
+Online RL needs a policy that is sometimes right and has something to unlearn. rlx
+makes one the first time it is asked for: its own SFT algorithm trains ``builtin:tiny``
+on ``builtin:arithmetic_small`` demonstrations of which ``OFF_BY_ONE`` are off by one
+(a systematic slip, as in sloppy human data). Greedy decoding then mostly repeats the
+slip while sampling often finds the right answer, which is the situation in which RL
+with an exact reward shines. The model is cached; the SFT run that made it, with its
+data file, stays beside it (``.../tiny-arithmetic-run``).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import random
 import shutil
 from pathlib import Path
 
-# Sized so the model lands part-way (greedy accuracy well under its pass@k), leaving
-# room for RL to show a gain within minutes on two CPU cores.
+TASK = "arithmetic_small"
+OFF_BY_ONE = 0.6
 SFT_SETTINGS = {
     "model": {"path": "builtin:tiny"},
-    "data": {"path": "builtin:arithmetic", "builtin_size": 20000, "eval_size": 256},
-    "training": {"max_steps": 600, "batch_size": 64, "micro_batch_size": 64, "lr": 3e-3, "warmup_steps": 30,
-                 "packing": True},
-    "logging": {"tensorboard": False},
+    "data": {"eval_size": 0, "chat_template": "none"},
+    "training": {"max_steps": 800, "batch_size": 64, "micro_batch_size": 64, "lr": 3e-3, "warmup_steps": 30},
+    "logging": {"tensorboard": False, "progress": False},
 }
+
+
+def sft_rows(n: int = 8000, seed: int = 0) -> list[dict]:
+    from rlx.tasks import TASKS, sft_rows
+
+    rng = random.Random(seed)
+    rows = sft_rows(TASKS[TASK], n, seed=seed)
+    for row in rows:
+        if rng.random() < OFF_BY_ONE:
+            row["response"] = str(int(row["response"]) + 1)
+    return rows
 
 
 def tiny_arithmetic(target: Path) -> Path:
@@ -37,10 +52,15 @@ def tiny_arithmetic(target: Path) -> Path:
                        "pip install -e plugins/algorithms/sft")
     work = target.parent / f".{target.name}-{os.getpid()}"
     shutil.rmtree(work, ignore_errors=True)
-    print(f"making the demo policy {target} (a one-off SFT of builtin:tiny on builtin:arithmetic)")
-    run(resolve(host.algorithms.get("sft"), {**SFT_SETTINGS, "output": str(work)}), host)
+    work.mkdir(parents=True)
+    data = work / "sft.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in sft_rows()))
+    print(f"making the demo policy {target} (a one-off SFT of builtin:tiny on {data})")
+    settings = {**SFT_SETTINGS, "output": str(work / "run")}
+    settings["data"] = {**settings["data"], "path": str(data)}
+    run(resolve(host.algorithms.get("sft"), settings), host)
     try:
-        os.rename(work / "final", target)
+        os.rename(work / "run" / "final", target)
     except OSError:
         if not (target / "config.json").is_file():  # a real failure, not a lost race
             raise

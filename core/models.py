@@ -12,6 +12,7 @@ import copy
 import importlib.util
 import os
 from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 
@@ -51,11 +52,13 @@ def resolve_dtype(name: str, device: torch.device | str) -> torch.dtype:
     return _DTYPES[name]
 
 
-def attn_implementation(name: str, device: torch.device | str = "cuda") -> str:
-    """``auto`` takes flash-attn when it is installed and the device is CUDA, else SDPA."""
+def attn_implementation(name: str, device: torch.device | str | None = None) -> str:
+    """``auto`` takes flash-attn when it is installed and the device (by default the
+    GPU when there is one) is CUDA, else SDPA."""
     has_flash = importlib.util.find_spec("flash_attn") is not None
     if name == "auto":
-        return "flash_attention_2" if has_flash and torch.device(device).type == "cuda" else "sdpa"
+        on_cuda = torch.cuda.is_available() if device is None else torch.device(device).type == "cuda"
+        return "flash_attention_2" if has_flash and on_cuda else "sdpa"
     if name == "flash_attention_2" and not has_flash:
         raise ModelError("model.attn_implementation is flash_attention_2 but flash-attn is not installed")
     return name
@@ -148,8 +151,9 @@ def load_causal_lm(cfg: ModelConfig, device: torch.device, *, path: str | None =
 def load_value_model(cfg: ModelConfig, device: torch.device, *, path: str | None = None, trainable: bool = True):
     """A model with a scalar head for reward models and critics.
 
-    Loading a causal-LM checkpoint initialises a fresh ``score`` head. With LoRA the
-    head stays fully trainable (peft's sequence-classification task saves it whole).
+    Loading a causal-LM checkpoint initialises a fresh ``score`` head. A config without
+    a pad id gets the tokenizer's. With LoRA the head stays fully trainable (peft's
+    sequence-classification task saves it whole).
     """
     from transformers import AutoModelForSequenceClassification
 
@@ -160,10 +164,16 @@ def load_value_model(cfg: ModelConfig, device: torch.device, *, path: str | None
     return _prepare_for_training(model, cfg, "SEQ_CLS") if trainable else _freeze(model)
 
 
-def hf_module(model):
-    """The Hugging Face module inside engine (``.module``) and peft wrappers."""
+def _unwrap_engine(model):
+    """The module inside training-engine wrappers (DeepSpeed, DDP: ``.module``)."""
     while isinstance(getattr(model, "module", None), torch.nn.Module):
         model = model.module
+    return model
+
+
+def hf_module(model):
+    """The Hugging Face module inside engine and peft wrappers."""
+    model = _unwrap_engine(model)
     get_base = getattr(model, "get_base_model", None)
     return get_base() if get_base is not None else model
 
@@ -303,6 +313,7 @@ def save_hf(model, tokenizer, out_dir: str | Path, *, state_dict: dict[str, torc
     partitioned (ZeRO-3); its keys are those of ``model.state_dict()``.
     """
     out = Path(out_dir)
+    model = _unwrap_engine(model)
     replica = _cpu_replica(model, state_dict if state_dict is not None else _cpu_state(model))
     if hasattr(replica, "merge_and_unload"):
         replica = replica.merge_and_unload()

@@ -69,8 +69,8 @@ def in_split(prompt: str, split: str) -> bool:
 # the tasks
 
 
-def _make_arithmetic(rng: random.Random) -> dict:
-    a, b = rng.randint(0, 99), rng.randint(0, 99)
+def _make_arithmetic(rng: random.Random, top: int = 99) -> dict:
+    a, b = rng.randint(0, top), rng.randint(0, top)
     if rng.random() < 0.5:
         return {"prompt": f"{a}+{b}=", "answer": str(a + b)}
     a, b = max(a, b), min(a, b)  # keep answers non-negative: fewer tokens to learn
@@ -118,6 +118,12 @@ ARITHMETIC = Task(
     _make_arithmetic,
     _wrong_number,
 )
+ARITHMETIC_SMALL = Task(
+    "arithmetic_small",
+    "add or subtract two numbers from 0 to 19: '12+5=' -> '17'",
+    lambda rng: _make_arithmetic(rng, top=19),
+    _wrong_number,
+)
 COPY = Task(
     "copy",
     "copy a short lowercase string: 'copy abcd=' -> 'abcd'",
@@ -130,7 +136,7 @@ COUNT = Task(
     _make_count,
     _wrong_count,
 )
-TASKS = {task.name: task for task in (ARITHMETIC, COPY, COUNT)}
+TASKS = {task.name: task for task in (ARITHMETIC, ARITHMETIC_SMALL, COPY, COUNT)}
 
 
 @hookimpl

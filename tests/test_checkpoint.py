@@ -107,3 +107,21 @@ def test_saving_a_step_again_replaces_it(tmp_path):
     path = save_checkpoint(tmp_path, 3, engine, {"step": 3, "note": "again"}, keep=2)
     assert load_checkpoint(path, engine)["note"] == "again"
     assert [p.name for p in tmp_path.iterdir()] == ["step_00000003"]
+
+
+def test_named_checkpoints_sit_beside_step_ones(tmp_path):
+    actor, critic = _engine(), _engine(seed=1)
+    _step(critic, 1)
+    path = save_checkpoint(tmp_path, 2, actor, {"step": 2}, keep=1)
+    named = save_checkpoint(path, 0, critic, {"role": "critic"}, keep=1, name="critic")
+    assert named == path / "critic" and (named / COMPLETE).is_file()
+    assert latest_checkpoint(path) is None  # a named folder is no step checkpoint
+    save_checkpoint(tmp_path, 2, actor, {"step": 2}, keep=1, name="best")
+    save_checkpoint(tmp_path, 3, actor, {"step": 3}, keep=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best", "step_00000003"]  # pruning spares names
+    path = tmp_path / "step_00000003"
+    save_checkpoint(path, 0, critic, {"role": "critic"}, keep=1, name="critic")
+    resumed = _engine(seed=5)
+    assert load_checkpoint(path / "critic", resumed) == {"role": "critic"}
+    for a, b in zip(resumed.model.parameters(), critic.model.parameters()):
+        assert torch.equal(a, b)

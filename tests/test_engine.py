@@ -8,11 +8,18 @@ import textwrap
 import pytest
 import torch
 import torch.nn.functional as F
+import transformers
 
 from rlx import engine as engines
-from rlx.config import TrainingConfig
+from rlx import models
+from rlx.config import LoraConfig, ModelConfig, TrainingConfig
 
 VOCAB = 16
+
+
+def _tiny_hf_config(**kwargs):
+    return transformers.Qwen2Config(vocab_size=64, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                    num_key_value_heads=1, intermediate_size=128, **kwargs)
 
 
 class TinyLM(torch.nn.Module):
@@ -174,15 +181,42 @@ def test_save_load_resumes_the_same_step(backend, tmp_path):
 
 
 def test_plain_save_hf_writes_the_module(tmp_path):
-    transformers = pytest.importorskip("transformers")
-    config = transformers.Qwen2Config(vocab_size=64, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-                                      num_key_value_heads=1, intermediate_size=128)
-    model = transformers.Qwen2ForCausalLM(config)
+    model = transformers.Qwen2ForCausalLM(_tiny_hf_config())
     engine = engines.make_engine(model, _cfg(), total_steps=1, micro_steps_per_step=1)
     engines.save_hf(engine, None, tmp_path / "final")
     saved = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "final")
     for a, b in zip(saved.parameters(), model.parameters()):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("lora", [0, 4])
+def test_zero3_value_model_matches_plain(lora, tmp_path):
+    """Scores taken at every position (token_values) under ZeRO-3, LoRA and
+    checkpointing, accumulated over micro-batches, then saved in HF format."""
+    torch.manual_seed(0)
+    transformers.Qwen2ForCausalLM(_tiny_hf_config(pad_token_id=0)).save_pretrained(tmp_path / "lm")
+    cfg = ModelConfig(path=str(tmp_path / "lm"), gradient_checkpointing=True, lora=LoraConfig(rank=lora))
+    ids = torch.randint(1, 64, (4, 9), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[0, 5:] = 0
+    target = torch.tensor([1.0, -1.0, 0.5, 0.0])
+    results = []
+    for backend in (dict(backend="plain"), dict(backend="deepspeed", zero_stage=3)):
+        torch.manual_seed(0)  # the same fresh score head
+        engine = engines.make_engine(models.load_value_model(cfg, torch.device("cpu")), _cfg(**backend),
+                                     total_steps=2, micro_steps_per_step=2)
+        for part in (slice(0, 2), slice(2, 4)):
+            rewards = models.last_token_values(models.token_values(engine.model, ids[part], mask[part]), mask[part])
+            engine.backward(((rewards - target[part]) ** 2).sum() / 4)
+        metrics = engine.step()
+        out = tmp_path / backend["backend"]
+        engines.save_hf(engine, None, out)
+        saved = transformers.AutoModelForSequenceClassification.from_pretrained(out)
+        with torch.no_grad():
+            results.append((metrics, saved(input_ids=ids, attention_mask=mask).logits.squeeze(-1)))
+    (plain, plain_rewards), (zero3, zero3_rewards) = results
+    assert zero3["grad_norm"] == pytest.approx(plain["grad_norm"], rel=1e-5)
+    torch.testing.assert_close(zero3_rewards, plain_rewards, atol=1e-5, rtol=0)
 
 
 TWO_RANKS = textwrap.dedent("""
@@ -240,11 +274,8 @@ def _free_port():
 
 
 def test_two_rank_zero3_matches_one_process(tmp_path):
-    transformers = pytest.importorskip("transformers")
-    config = transformers.Qwen2Config(vocab_size=64, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-                                      num_key_value_heads=1, intermediate_size=128)
     torch.manual_seed(0)
-    transformers.Qwen2ForCausalLM(config).save_pretrained(tmp_path / "init")
+    transformers.Qwen2ForCausalLM(_tiny_hf_config()).save_pretrained(tmp_path / "init")
     g = torch.Generator().manual_seed(3)
     batches = []
     for _ in range(2):

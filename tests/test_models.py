@@ -64,6 +64,7 @@ def test_attention_choice(monkeypatch):
     monkeypatch.setattr(models.importlib.util, "find_spec", lambda name: object())
     assert models.attn_implementation("auto", "cuda") == "flash_attention_2"
     assert models.attn_implementation("auto", CPU) == "sdpa"
+    assert models.attn_implementation("auto") == ("flash_attention_2" if torch.cuda.is_available() else "sdpa")
     assert models.attn_implementation("eager", "cuda") == "eager"
 
 
@@ -182,13 +183,14 @@ def test_last_token_values_left_and_right_padding():
 def test_value_model_from_a_causal_checkpoint(lm_path):
     model = models.load_value_model(ModelConfig(path=str(lm_path)), CPU)
     assert isinstance(model, transformers.Qwen2ForSequenceClassification) and model.num_labels == 1
+    pad = models.load_tokenizer(lm_path).pad_token_id
+    assert model.config.pad_token_id == pad  # so the model's own forward pools correctly
     ids = _ids()
     mask = torch.ones_like(ids)
     mask[0, 6:] = 0  # right padding
-    ids[0, 6:] = 0
+    ids[0, 6:] = pad
     values = models.token_values(model, ids, mask)
     assert values.shape == ids.shape and values.dtype is torch.float32
-    model.config.pad_token_id = 0
     with torch.no_grad():
         pooled = model(input_ids=ids, attention_mask=mask).logits.squeeze(-1)
     torch.testing.assert_close(models.last_token_values(values, mask), pooled)
