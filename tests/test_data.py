@@ -76,7 +76,7 @@ def test_builtin_rows_follow_the_configured_keys():
 
 
 def test_unknown_builtin_task_names_the_known_ones():
-    with pytest.raises(DataError, match="unknown builtin task 'algebra'; known: arithmetic, copy, count"):
+    with pytest.raises(DataError, match="unknown builtin task 'algebra'; known: arithmetic, arithmetic_small, copy, count"):
         load("builtin:algebra")
 
 
