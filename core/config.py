@@ -415,10 +415,11 @@ ONLINE_DEFAULTS = {
     "model.path": "builtin:tiny-arithmetic",
     "data.path": "builtin:arithmetic_small",
     "data.chat_template": "none",
-    "training.lr": 2e-5,
+    "training.lr": 1e-4,
     "training.scheduler": "constant",
     "training.batch_size": 64,
     "training.micro_batch_size": 64,
-    "training.max_steps": 30,
+    "training.max_steps": 50,
     "rollout.max_new_tokens": 8,
+    "algorithm.eval_size": 256,
 }

@@ -2,10 +2,10 @@
 
 Online RL needs a policy that is sometimes right and has something to unlearn. rlx
 makes one the first time it is asked for: its own SFT algorithm trains ``builtin:tiny``
-on ``builtin:arithmetic_small`` demonstrations of which ``OFF_BY_ONE`` are off by one
-(a systematic slip, as in sloppy human data). Greedy decoding then mostly repeats the
-slip while sampling often finds the right answer, which is the situation in which RL
-with an exact reward shines. The model is cached; the SFT run that made it, with its
+on ``builtin:arithmetic_small`` demonstrations of which ``HEDGED`` end in a question
+mark ("17?"), a systematic habit as in sloppy human data, which the exact-answer
+reward counts as wrong. Greedy decoding then mostly hedges while sampling often gives
+a clean answer: RL with an exact reward has a clear signal to learn from. The model is cached; the SFT run that made it, with its
 data file, stays beside it (``.../tiny-arithmetic-run``).
 """
 
@@ -18,7 +18,7 @@ import shutil
 from pathlib import Path
 
 TASK = "arithmetic_small"
-OFF_BY_ONE = 0.6
+HEDGED = 0.6
 SFT_SETTINGS = {
     "model": {"path": "builtin:tiny"},
     "data": {"eval_size": 0, "chat_template": "none"},
@@ -33,8 +33,8 @@ def sft_rows(n: int = 8000, seed: int = 0) -> list[dict]:
     rng = random.Random(seed)
     rows = sft_rows(TASKS[TASK], n, seed=seed)
     for row in rows:
-        if rng.random() < OFF_BY_ONE:
-            row["response"] = str(int(row["response"]) + 1)
+        if rng.random() < HEDGED:
+            row["response"] += "?"
     return rows
 
 
