@@ -58,6 +58,8 @@ def train(
     data: Optional[str] = typer.Option(None, "--data", help="data file, folder, hub name or builtin:TASK (data.path)"),
     output: Optional[str] = typer.Option(None, "--output", "-o", help="output folder"),
     max_steps: Optional[int] = typer.Option(None, "--max-steps", help="stop after N optimizer steps"),
+    reward: Optional[List[str]] = typer.Option(
+        None, "--reward", help="reward function for online RL: a registered name or file.py:function, repeatable"),
     overrides: Optional[List[str]] = typer.Option(None, "--set", "-s", help="dotted.key=value override, repeatable"),
     plugin: Optional[List[str]] = typer.Option(None, "--plugin", help="local plugin module:attr, repeatable"),
     resume: bool = typer.Option(False, "--resume", help="continue from the latest checkpoint in the output folder"),
@@ -76,6 +78,8 @@ def train(
                            ("training.max_steps", max_steps)]:
             if value is not None:
                 set_dotted(tree, key, value)
+        if reward:
+            set_dotted(tree, "reward.functions", list(reward))
         for text in overrides or []:
             set_dotted(tree, *parse_override(text))
         tree["plugins"] = local

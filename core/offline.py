@@ -10,10 +10,11 @@ micro-batching never changes the update.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -34,12 +35,15 @@ class Objective:
 
     ``count(rows)`` is the normaliser's unit count in ``rows``; ``loss(model, rows,
     normaliser)`` returns the micro-batch loss already divided by the step's normaliser
-    and the step-normalised sums of its metrics.
+    and the step-normalised sums of its metrics. ``extra_keys`` are columns the rows
+    need beyond their format's (key -> allowed types), checked with the others before
+    any encoding.
     """
 
     encode: Callable[[dict], dict]
     count: Callable[[list[dict]], int]
     loss: Callable[[Any, list[dict], float], tuple[Any, dict[str, float]]]
+    extra_keys: dict[str, tuple[type, ...]] = field(default_factory=dict)
 
 
 def _sft_objective(config: RunConfig, spec: AlgorithmSpec, host, tokenizer, device) -> Objective:
@@ -101,7 +105,7 @@ def _reward_model_objective(config: RunConfig, spec: AlgorithmSpec, host, tokeni
         return per_pair.sum() / normaliser, {"loss": per_pair.sum().item() / normaliser,
                                              **{k: v.sum().item() / normaliser for k, v in metrics.items()}}
 
-    return Objective(encode, count, loss)
+    return Objective(encode, count, loss, extra_keys={margin_key: (int, float)} if margin_key else {})
 
 
 # (row format, head) -> objective; new formats are added here, never as flags.
@@ -159,19 +163,25 @@ def evaluate(engine, objective: Objective, rows: list[dict], micro_size: int) ->
     return sums
 
 
+def _schema(config: RunConfig, spec: AlgorithmSpec, objective: Objective) -> data.Schema:
+    schema = data.required_keys(config.data, spec.data)
+    if objective.extra_keys:
+        schema = dataclasses.replace(schema, required={**schema.required, **objective.extra_keys})
+    return schema
+
+
 def _load_examples(config: RunConfig, spec: AlgorithmSpec, host, objective: Objective, log) -> tuple[list, list]:
     tasks = host.registry("register_tasks").items
+    schema = _schema(config, spec, objective)
     train = data.load_rows(config.data.path, config.data, split=config.data.split,
                            task_format=spec.data, tasks=tasks)
-    train_rows, skipped, _ = data.validate_rows(train, data.required_keys(config.data, spec.data),
-                                                config.data.skip_bad_rows)
+    train_rows, skipped, _ = data.validate_rows(train, schema, config.data.skip_bad_rows)
     if skipped:
         log(f"skipped {skipped} malformed rows of {train.source}")
     if config.data.eval_path or config.data.path.startswith("builtin:"):
         source = data.load_rows(config.data.eval_path or config.data.path, config.data, split="test",
                                 task_format=spec.data, tasks=tasks)
-        eval_rows, _, _ = data.validate_rows(source, data.required_keys(config.data, spec.data),
-                                             config.data.skip_bad_rows)
+        eval_rows, _, _ = data.validate_rows(source, schema, config.data.skip_bad_rows)
         eval_rows = eval_rows[:config.data.eval_size] if config.data.eval_size else []
     else:
         # hold out the last rows of a user's file; they never enter training

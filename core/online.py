@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -285,15 +286,21 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
             raise RunError(f"--resume: no complete checkpoint under {checkpoints}")
         state = load_checkpoint(path, actor)
         if critic is not None:
-            load_checkpoint(path / "critic", critic)
+            load_checkpoint(checkpoints / f"critic_{state['step']:08d}", critic)
         step, stream.cursor, kl_coef.value = state["step"], state["cursor"], state["kl_coef"]
         log(f"resumed from {path} at step {step}")
 
     def checkpoint() -> None:
-        state = {"step": step, "cursor": stream.cursor, "kl_coef": kl_coef.value}
-        path = save_checkpoint(checkpoints, step, actor, state, keep=config.checkpoint.keep)
+        # the critic goes first: the actor's COMPLETE marker is what makes a step resumable
         if critic is not None:
-            save_checkpoint(path, 0, critic, {}, keep=1, name="critic")
+            save_checkpoint(checkpoints, step, critic, {}, keep=0, name=f"critic_{step:08d}")
+        state = {"step": step, "cursor": stream.cursor, "kl_coef": kl_coef.value}
+        save_checkpoint(checkpoints, step, actor, state, keep=config.checkpoint.keep)
+        if critic is not None and actor.rank == 0:
+            kept = {p.name.removeprefix("step_") for p in checkpoints.glob("step_*") if p.is_dir()}
+            for old in checkpoints.glob("critic_*"):
+                if old.name.removeprefix("critic_") not in kept:
+                    shutil.rmtree(old, ignore_errors=True)
 
     logger = RunLogger(out, config.logging, total, start_step=step, rank=actor.rank)
     pass_score = a.eval_pass_score

@@ -41,11 +41,14 @@ def run(config: RunConfig, host, *, resume: bool = False) -> dict[str, float]:
     else:
         from rlx import online as loop
     from rlx.data import DataError
+    from rlx.models import ModelError
+    from rlx.plugins import PluginError
     from rlx.registry import RegistryError
+    from rlx.rewards import RewardError
 
     try:
         metrics = loop.train(config, spec, host, out, resume=resume)
-    except (DataError, RegistryError) as e:
+    except (DataError, ModelError, PluginError, RegistryError, RewardError) as e:
         raise RunError(str(e)) from e
     host.hook.on_train_end(output_dir=str(out), metrics=metrics)
     print(f"done: {out}")
