@@ -18,11 +18,17 @@ def output_dir(config: RunConfig) -> Path:
     return Path(config.output or f"runs/{config.algo}-{time.strftime('%Y%m%d-%H%M%S')}")
 
 
+# What a run leaves once it has started training. A folder holding only config.yaml is a
+# run that failed before its first step (bad data, a wrong model path): running the fixed
+# command into it again is no overwrite.
+TRAINING_OUTPUTS = ("metrics.jsonl", "checkpoints", "final")
+
+
 def prepare_output(config: RunConfig, *, resume: bool) -> Path:
     """Create the output folder; refuse to write over an earlier run unless resuming."""
     out = output_dir(config)
     written = out / "config.yaml"
-    if written.exists() and not resume:
+    if written.exists() and not resume and any((out / name).exists() for name in TRAINING_OUTPUTS):
         raise RunError(f"{out} already holds a run; pass --resume to continue it or choose another --output")
     if resume and not written.exists():
         raise RunError(f"--resume: {out} holds no run to continue")

@@ -101,7 +101,7 @@ def test_user_prompts_and_reward_file(demo_policy, tmp_path):
 @pytest.mark.parametrize("body, message", [
     ("raise ValueError('boom')", "boom"),
     ("return [float('nan')] * len(completions)", "NaN"),
-    ("return [1.0]", "length"),
+    ("return [1.0]", "returned 1 rewards for"),
 ])
 def test_bad_reward_function_stops_the_run(demo_policy, tmp_path, body, message):
     (tmp_path / "bad.py").write_text(f"def reward(prompts, completions, labels, **columns):\n    {body}\n")

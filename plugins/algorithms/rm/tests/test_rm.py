@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -23,20 +24,16 @@ from rlx.config import resolve, set_dotted
 from rlx.plugins import get_host
 from rlx.run import RunError, run
 
+# Built-in models are made on first use into RLX_CACHE: keep them out of ~/.cache (as the core tests do).
+os.environ.setdefault("RLX_CACHE", tempfile.mkdtemp(prefix="rlx-test-cache-"))
+
 QUIET = {"logging.progress": False, "logging.tensorboard": False}
 SMALL = {"data.builtin_size": 64, "data.eval_size": 16, "training.batch_size": 8, "training.micro_batch_size": 4}
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> str:
-    """The built-in tiny model, in a cache inside pytest's temporary folder (never ~/.cache).
-
-    A cache that another fixture of this session already made there is reused.
-    """
-    base = tmp_path_factory.getbasetemp().resolve()
-    current = os.environ.get("RLX_CACHE")
-    if not (current and Path(current).resolve().is_relative_to(base)):
-        os.environ["RLX_CACHE"] = str(tmp_path_factory.mktemp("rlx-cache"))
+def tiny() -> str:
+    """The built-in tiny model, made once into the test cache."""
     from rlx.tiny import builtin_model
 
     return builtin_model("builtin:tiny")
