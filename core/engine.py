@@ -232,6 +232,7 @@ def init_distributed(device: torch.device) -> None:
 
     if dist.is_initialized():
         return
+    rendezvous = [key for key in ("MASTER_ADDR", "MASTER_PORT") if key not in os.environ]
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(_free_port()))
     for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
@@ -240,7 +241,13 @@ def init_distributed(device: torch.device) -> None:
         torch.cuda.set_device(device)
     import deepspeed
 
-    deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo", auto_mpi_discovery=False)
+    try:
+        deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo", auto_mpi_discovery=False)
+    finally:
+        # the port is now held by this process's store: a process started from this one
+        # (another run, say) must not inherit it and fail with "address already in use"
+        for key in rendezvous:
+            os.environ.pop(key, None)
 
 
 def deepspeed_config(cfg: TrainingConfig, dtype: torch.dtype, micro_steps_per_step: int, world_size: int,

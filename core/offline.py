@@ -224,23 +224,27 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
     logger = RunLogger(out, config.logging, total, start_step=step, rank=engine.rank)
     metrics: dict[str, float] = {}
     engine.model.train()
-    while step < total:
-        started = time.perf_counter()
-        rows = _step_rows(examples, step, t.batch_size, t.seed)
-        metrics = _run_step(engine, objective, rows, t.micro_batch_size)
-        elapsed = time.perf_counter() - started
-        metrics["tokens_per_s"] = metrics.pop("tokens") * engine.world_size / elapsed
-        metrics["time/step"] = elapsed
-        metrics["epoch"] = step / per_epoch
-        step += 1
-        if (t.eval_every and step % t.eval_every == 0) or step == total:
-            metrics.update(evaluate(engine, objective, eval_examples, t.micro_batch_size))
-            host.hook.on_eval_end(step=step, metrics={k: v for k, v in metrics.items() if k.startswith("eval/")})
-        logger.log(step, metrics)
-        host.hook.on_step_end(step=step, metrics=metrics)
-        if config.checkpoint.every and step % config.checkpoint.every == 0 and step < total:
-            save_checkpoint(checkpoints, step, engine, {"step": step}, keep=config.checkpoint.keep)
-    logger.close()
+    try:
+        while step < total:
+            started = time.perf_counter()
+            rows = _step_rows(examples, step, t.batch_size, t.seed)
+            metrics = _run_step(engine, objective, rows, t.micro_batch_size)
+            elapsed = time.perf_counter() - started
+            metrics["tokens_per_s"] = metrics.pop("tokens") * engine.world_size / elapsed
+            metrics["time/step"] = elapsed
+            metrics["epoch"] = step / per_epoch
+            step += 1
+            if (t.eval_every and step % t.eval_every == 0) or step == total:
+                metrics.update(evaluate(engine, objective, eval_examples, t.micro_batch_size))
+                host.hook.on_eval_end(step=step,
+                                      metrics={k: v for k, v in metrics.items() if k.startswith("eval/")})
+            logger.log(step, metrics)
+            host.hook.on_step_end(step=step, metrics=metrics)
+            if config.checkpoint.every and step % config.checkpoint.every == 0 and step < total:
+                save_checkpoint(checkpoints, step, engine, {"step": step}, keep=config.checkpoint.keep)
+    finally:
+        # also when a step or a hook raises: the metrics file and TensorBoard writer are closed
+        logger.close()
     save_checkpoint(checkpoints, step, engine, {"step": step}, keep=config.checkpoint.keep)
     if config.checkpoint.save_final:
         save_hf(engine, tokenizer, out / "final")

@@ -10,9 +10,24 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 QUIET = {"logging.progress": False, "logging.tensorboard": False}
 # small, fast defaults for every end-to-end run: a few rows, a tiny eval set
 SMALL = {"data.builtin_size": 96, "data.eval_size": 8, "training.batch_size": 8, "training.micro_batch_size": 4}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One intra-op thread for the tiny models of these runs (import this fixture into a test
+    module to use it). Their matrices are too small for a second thread to pay off, and
+    two threads on two cores slow down many times over whenever anything else runs."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def tree(settings: dict) -> dict:
@@ -56,8 +71,9 @@ def cli_args(**settings) -> list[str]:
 
 def rlx(*args: str, env: dict | None = None, cwd: str | Path | None = None,
         timeout: float = 300) -> subprocess.CompletedProcess:
-    """``python -m rlx.cli ARGS`` in a subprocess; RLX_CACHE is the session's private cache."""
-    full_env = {**os.environ, **(env or {})}
+    """``python -m rlx.cli ARGS`` in a subprocess; RLX_CACHE is the session's private cache
+    and torch uses one thread (see ``one_thread``)."""
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     assert "RLX_CACHE" in full_env, "request the tiny_model_dir fixture first: it sets RLX_CACHE"
     return subprocess.run([sys.executable, "-m", "rlx.cli", *args], capture_output=True, text=True,
                           timeout=timeout, env=full_env, cwd=cwd)

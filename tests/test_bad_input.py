@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from e2e import cli_args, metrics, rlx
+from e2e import cli_args, metrics, one_thread, rlx  # noqa: F401 (one_thread: autouse)
 
 GOOD = [{"prompt": f"{a}+{b}=", "response": str(a + b)} for a, b in
         [(1, 2), (3, 4), (10, 5), (7, 7), (20, 1), (6, 3), (11, 11), (9, 0), (4, 8), (13, 2), (5, 5), (8, 1)]]

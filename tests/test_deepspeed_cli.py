@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from e2e import cli_args, metrics, rlx, train
+from e2e import cli_args, metrics, one_thread, rlx, train  # noqa: F401 (one_thread: autouse)
 
 pytest.importorskip("deepspeed")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from e2e import config, metrics, train
+from e2e import config, metrics, one_thread, train  # noqa: F401 (one_thread: autouse)
 from rlx.hookspecs import hookimpl
 
 N = 3

@@ -9,7 +9,7 @@ import shutil
 import pytest
 import yaml
 
-from e2e import config, metrics, rlx, snapshot, train
+from e2e import config, metrics, one_thread, rlx, snapshot, train  # noqa: F401 (one_thread: autouse)
 
 STEPS = 4
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from e2e import metrics, rlx
+from e2e import metrics, one_thread, rlx  # noqa: F401 (one_thread: autouse)
 from fakedist import make_dist
 
 FIXTURE = Path(__file__).parent / "fixtures" / "rlx-example"

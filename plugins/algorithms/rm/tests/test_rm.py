@@ -31,6 +31,18 @@ QUIET = {"logging.progress": False, "logging.tensorboard": False}
 SMALL = {"data.builtin_size": 64, "data.eval_size": 16, "training.batch_size": 8, "training.micro_batch_size": 4}
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One intra-op thread: the tiny model gains nothing from a second one, and two threads
+    on two cores slow down many times over whenever anything else runs."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def tiny() -> str:
     """The built-in tiny model, made once into the test cache."""
@@ -129,7 +141,10 @@ def test_final_loads_as_a_sequence_classifier(tmp_path, tiny):
     for name, param in model.named_parameters():
         assert torch.equal(param, saved[name]), name
 
-    # the loaded model gives the eval pairs the rewards training saw: same accuracy
+    # the loaded model gives the eval pairs the rewards training saw: same accuracy. They are
+    # read as rlx trains and scores them, at the EOS that ends each response. (The model's
+    # own ``.logits`` pool at the last token that is not the pad id; with pad == EOS, as in
+    # the tiny tokenizer, that is the token before EOS, a position the head was not trained at.)
     tokenizer = AutoTokenizer.from_pretrained(final)
     cfg = DataConfig()
     host = get_host()

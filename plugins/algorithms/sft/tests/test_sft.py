@@ -24,6 +24,18 @@ os.environ.setdefault("RLX_CACHE", tempfile.mkdtemp(prefix="rlx-test-cache-"))
 QUIET = {"logging.progress": False, "logging.tensorboard": False}
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One intra-op thread: the tiny model gains nothing from a second one, and two threads
+    on two cores slow down many times over whenever anything else runs."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def tiny() -> str:
     """The built-in tiny model, made once into the test cache."""
