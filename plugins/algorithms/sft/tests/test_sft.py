@@ -49,7 +49,7 @@ def train(out: Path, model: str, **settings) -> list[dict]:
     host = get_host()
     tree: dict = {"output": str(out)}
     for key, value in {"model.path": model, **QUIET, **settings}.items():
-        set_dotted(tree, key.replace("__", "."), value)
+        set_dotted(tree, key, value)
     run(resolve(host.algorithms.get("sft"), tree), host)
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
@@ -73,7 +73,6 @@ def test_prompt_tokens_carry_no_loss(tiny):
     import torch
 
     from rlx import data, models
-    from rlx.config import RunConfig
     from rlx.offline import _sft_objective
 
     config = resolve(get_host().algorithms.get("sft"), {"model": {"path": tiny}})
