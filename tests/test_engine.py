@@ -75,7 +75,11 @@ def own_process_group():
     was_initialized = torch.distributed.is_initialized()
     yield
     if torch.distributed.is_initialized() and not was_initialized:
-        torch.distributed.destroy_process_group()
+        import deepspeed.comm
+
+        # DeepSpeed's own teardown: it also drops the groups DeepSpeed cached, which a later
+        # DeepSpeed engine in this process would otherwise find stale ("group not registered")
+        deepspeed.comm.destroy_process_group()
     os.environ.clear()
     os.environ.update(env)
 

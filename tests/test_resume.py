@@ -113,8 +113,26 @@ def test_resume_with_more_steps_is_exact(tiny_model_dir, tmp_path):
     assert_same_run(out, reference)
 
 
-def test_deepspeed_zero2_resume_is_exact(tiny_model_dir, tmp_path):
+@pytest.fixture
+def own_process_group():
+    """The DeepSpeed engine starts torch.distributed in this process: end it (DeepSpeed's
+    way, which also drops its cached groups) and restore the environment afterwards."""
     pytest.importorskip("deepspeed")
+    import os
+
+    import torch.distributed
+
+    env, was_initialized = dict(os.environ), torch.distributed.is_initialized()
+    yield
+    if torch.distributed.is_initialized() and not was_initialized:
+        import deepspeed.comm
+
+        deepspeed.comm.destroy_process_group()
+    os.environ.clear()
+    os.environ.update(env)
+
+
+def test_deepspeed_zero2_resume_is_exact(tiny_model_dir, tmp_path, own_process_group):
     settings = {"model.path": tiny_model_dir, "training.lr": 2e-3, "training.eval_every": N,
                 "checkpoint.every": N, "training.backend": "deepspeed", "training.zero_stage": 2,
                 "training.scheduler": "constant", "training.warmup_steps": N + 2}
