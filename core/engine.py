@@ -57,6 +57,17 @@ def lr_lambda(cfg: TrainingConfig, total_steps: int) -> Callable[[int], float]:
     return factor
 
 
+def resync_lr(scheduler: LambdaLR) -> None:
+    """Give each group the rate of the schedule at the step the scheduler was restored to.
+
+    The optimizer state holds the rate the saving run's schedule set; a resumed run whose
+    schedule differs (a larger ``max_steps``) would take one step at that stale rate.
+    With the same schedule this changes nothing.
+    """
+    for group, base, factor in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+        group["lr"] = base * factor(scheduler.last_epoch)
+
+
 def param_groups(named: list[tuple[str, torch.Tensor]], weight_decay: float) -> list[dict]:
     """AdamW groups: matrices decay, biases and norm weights (1-D) do not."""
     decay = [p for _, p in named if p.ndim >= 2]
@@ -212,6 +223,7 @@ class PlainEngine(TrainEngine):
         self._copy_masters()
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        resync_lr(self.scheduler)
 
     def unwrapped(self) -> torch.nn.Module:
         return self.model
@@ -359,6 +371,7 @@ class DeepSpeedEngine(TrainEngine):
                                               load_optimizer_states=True, load_lr_scheduler_states=True)
         if path is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint under {directory}")
+        resync_lr(self.scheduler)
 
     def unwrapped(self) -> torch.nn.Module:
         return self.engine.module

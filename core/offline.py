@@ -143,6 +143,11 @@ def _run_step(engine, objective: Objective, rows: list[dict], micro_size: int) -
         for k, v in metrics.items():
             sums[k] = sums.get(k, 0.0) + v
         tokens += sum(len(v) for r in micro for k, v in r.items() if k.endswith("_ids"))
+    if engine.world_size > 1:
+        # each rank holds its share of the step's metrics; the step's value is their sum
+        keys = sorted(sums)
+        total = engine.all_reduce_sum(torch.tensor([sums[k] for k in keys], dtype=torch.float64))
+        sums = dict(zip(keys, total.tolist()))
     sums.update(engine.step())
     sums["tokens"] = tokens
     return sums

@@ -274,7 +274,8 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
     engine_name = host.hook.choose_rollout_engine(config=config) or r.engine
     if engine_name not in ("auto", "native"):
         raise RunError(f"rollout.engine {engine_name!r} is not available in this launcher (use native)")
-    generator = NativeEngine(actor.model, tokenizer, device=device, max_batch_size=r.max_batch_size)
+    # the engine samples with the actor's own weights (no copy), inside any wrapper
+    generator = NativeEngine(models.hf_module(actor.model), tokenizer, device=device, max_batch_size=r.max_batch_size)
     params = _sampling(r, a.n_samples)
     kl_coef = AdaptiveKL(a.kl_coef, a.kl_target, a.kl_horizon)
 
@@ -420,12 +421,22 @@ def update(exp: Experience, actor, critic, policy_loss, value_loss, a, t, r, bet
                     critic.backward(vloss * critic.world_size)
                     _add(step_metrics, {"loss/value": vloss.item(),
                                         **{f"value/{k}": v.item() * share for k, v in extra.items()}})
+            step_metrics = _sum_over_ranks(actor, step_metrics)
             _add(step_metrics, actor.step())
             if critic is not None:
                 _add(step_metrics, {f"critic/{k}": v for k, v in critic.step().items()})
             _add(sums, step_metrics)
             count += 1
     return {k: v / count for k, v in sums.items()}
+
+
+def _sum_over_ranks(engine, metrics: dict[str, float]) -> dict[str, float]:
+    """Each rank holds its share of a step's metrics; the step's value is their sum."""
+    if engine.world_size == 1:
+        return metrics
+    keys = sorted(metrics)
+    total = engine.all_reduce_sum(torch.tensor([metrics[k] for k in keys], dtype=torch.float64))
+    return dict(zip(keys, total.tolist()))
 
 
 def _add(into: dict[str, float], values: dict[str, float]) -> None:

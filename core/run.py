@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -14,7 +15,14 @@ class RunError(Exception):
     pass
 
 
+def _rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
 def output_dir(config: RunConfig) -> Path:
+    if not config.output and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # each process would stamp its own time: the ranks must be told one folder
+        raise RunError("several processes run this job: give them one output folder with --output")
     return Path(config.output or f"runs/{config.algo}-{time.strftime('%Y%m%d-%H%M%S')}")
 
 
@@ -27,6 +35,9 @@ TRAINING_OUTPUTS = ("metrics.jsonl", "checkpoints", "final")
 def prepare_output(config: RunConfig, *, resume: bool) -> Path:
     """Create the output folder; refuse to write over an earlier run unless resuming."""
     out = output_dir(config)
+    if _rank() != 0:  # rank 0 checks and writes; the others only need the folder
+        out.mkdir(parents=True, exist_ok=True)
+        return out
     written = out / "config.yaml"
     if written.exists() and not resume and any((out / name).exists() for name in TRAINING_OUTPUTS):
         raise RunError(f"{out} already holds a run; pass --resume to continue it or choose another --output")
@@ -46,6 +57,7 @@ def run(config: RunConfig, host, *, resume: bool = False) -> dict[str, float]:
         from rlx import offline as loop
     else:
         from rlx import online as loop
+    from rlx.config import ConfigError
     from rlx.data import DataError
     from rlx.models import ModelError
     from rlx.plugins import PluginError
@@ -54,8 +66,9 @@ def run(config: RunConfig, host, *, resume: bool = False) -> dict[str, float]:
 
     try:
         metrics = loop.train(config, spec, host, out, resume=resume)
-    except (DataError, ModelError, PluginError, RegistryError, RewardError) as e:
+    except (ConfigError, DataError, ModelError, PluginError, RegistryError, RewardError) as e:
         raise RunError(str(e)) from e
     host.hook.on_train_end(output_dir=str(out), metrics=metrics)
-    print(f"done: {out}")
+    if _rank() == 0:
+        print(f"done: {out}")
     return metrics

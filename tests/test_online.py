@@ -111,3 +111,38 @@ def test_bad_reward_function_stops_the_run(demo_policy, tmp_path, body, message)
     assert "bad.py:reward" in result.stderr and message.lower() in result.stderr.lower(), result.stderr
     assert "sample" in result.stderr.lower()
     assert not (tmp_path / "out" / "final").exists()
+
+
+@pytest.mark.parametrize("options", [
+    {"kl_coef": 0.05, "kl_estimator": "k3", "kl_loss": True},
+    {"kl_coef": 0.05, "kl_estimator": "k2", "kl_target": 0.01, "kl_horizon": 100},
+    {"dual_clip": 3.0, "entropy_coef": 0.01, "overlong_buffer": 4, "clip_high": 0.28},
+    {"loss_agg": "seq_mean_token_mean", "epochs": 2},
+], ids=["kl-loss-k3", "adaptive-kl", "dual-clip-entropy-overlong", "seq-mean-2-epochs"])
+def test_online_options_run(host, demo_policy, tmp_path, options):
+    rows = train(host, "grpo", tmp_path / "run", training={"max_steps": 2},
+                 algorithm={"eval_size": 8, **options})
+    last = rows[-1]
+    assert all(math.isfinite(last[k]) for k in REQUIRED)
+    if options.get("kl_coef"):
+        assert last["kl"] != 0  # a reference model was loaded and compared
+    if options.get("kl_target"):
+        assert last["kl_coef"] != options["kl_coef"]  # the adaptive controller moved beta
+
+
+def test_deepspeed_zero3_online(host, demo_policy, tmp_path):
+    rows = train(host, "grpo", tmp_path / "run", training={"max_steps": 2, "backend": "deepspeed", "zero_stage": 3},
+                 algorithm={"eval_size": 8})
+    assert math.isfinite(rows[-1]["loss/policy"]) and rows[-1]["grad_norm"] > 0
+    assert (tmp_path / "run" / "final" / "config.json").is_file()
+
+
+def test_trained_reward_model_as_the_reward(host, demo_policy, tmp_path):
+    rm = tmp_path / "rm"
+    train(host, "rm", rm, model={"path": demo_policy},
+          data={"path": "builtin:arithmetic_small", "builtin_size": 256, "chat_template": "none"},
+          training={"max_steps": 4})
+    rows = train(host, "grpo", tmp_path / "run", training={"max_steps": 2}, algorithm={"eval_size": 8},
+                 reward={"functions": [], "model": str(rm / "final")})
+    assert "reward/model" in rows[-1] and math.isfinite(rows[-1]["reward/mean"])
+    assert rows[-1]["reward/std"] > 0  # scores vary by completion

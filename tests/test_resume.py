@@ -113,6 +113,18 @@ def test_resume_with_more_steps_is_exact(tiny_model_dir, tmp_path):
     assert_same_run(out, reference)
 
 
+def test_resume_with_more_steps_follows_the_longer_schedule(settings, reference, tmp_path):
+    """A cosine decay depends on max_steps: after ``--resume`` with a larger one, every
+    step (the first one included) takes the rate of the longer schedule."""
+    out = tmp_path / "run"
+    train("sft", out, **settings, **{"training.max_steps": N})
+    first = [r["lr"] for r in metrics(out)]
+    train("sft", out, resume=True, **settings, **{"training.max_steps": 2 * N})
+    lrs, want = [r["lr"] for r in metrics(out)], [r["lr"] for r in metrics(reference)]
+    assert lrs[:N] == first and first[-1] < want[N - 1]  # the short run had decayed further
+    assert lrs[N:] == pytest.approx(want[N:], rel=1e-12)
+
+
 @pytest.fixture
 def own_process_group():
     """The DeepSpeed engine starts torch.distributed in this process: end it (DeepSpeed's

@@ -16,16 +16,19 @@ sequence, exp(mean_t log π_θ/π_old), and the paper's clip range (3e-4, 4e-4).
 from dataclasses import dataclass
 
 from rlx import AlgorithmSpec, hookimpl, ops
-from rlx.config import ONLINE_DEFAULTS, LossAgg, OnlineConfig, opt
+from rlx.config import ONLINE_DEFAULTS, ConfigError, LossAgg, OnlineConfig, opt
 
 
 @dataclass
 class GRPOConfig(OnlineConfig):
-    pass
+    def validate(self, config) -> None:
+        super().validate(config)
+        if self.n_samples < 2:
+            raise ConfigError("group advantages need algorithm.n_samples >= 2 (a group of one has no baseline)")
 
 
 @dataclass
-class GSPOConfig(OnlineConfig):
+class GSPOConfig(GRPOConfig):
     clip_low: float = opt(3e-4, "sequence-ratio clip epsilon below 1")
     clip_high: float = opt(4e-4, "sequence-ratio clip epsilon above 1")
     loss_agg: LossAgg = opt("seq_mean_token_mean", "GSPO averages per sequence first")
