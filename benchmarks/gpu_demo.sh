@@ -11,10 +11,10 @@ export RLX_CACHE=$(mktemp -d) PYTHONUNBUFFERED=1
 python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name(0))" | tee "$OUT/env.txt"
 run() {  # name, extra args...
   local name=$1; shift
-  local start=$(date +%s.%N)
+  local start=$SECONDS
   rlx train --algo grpo --output "$RLX_CACHE/$name" --set logging.progress=false "$@" 2>&1 \
     | grep -E "accuracy|making|done|Error" | tee "$OUT/$name.log"
-  echo "$name wall_s $(echo "$(date +%s.%N) - $start" | bc)" | tee -a "$OUT/times.txt"
+  echo "$name wall_s $((SECONDS - start))" | tee -a "$OUT/times.txt"
   cp "$RLX_CACHE/$name/metrics.jsonl" "$OUT/$name.metrics.jsonl"
 }
 run gpu_first_run              # includes the one-off SFT of the demo policy
