@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 EOS = "<|endoftext|>"
+PAD = "<|pad|>"  # apart from EOS, so a reward read at a response's EOS is not taken for padding
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 VOCAB_SIZE = 512
@@ -38,7 +39,7 @@ DEMO = "tiny-arithmetic"  # builtin:tiny after a short SFT, made by rlx.demo
 def make_tokenizer(out_dir: str | os.PathLike):
     """Train a byte-level BPE on the tasks' corpus and save it to ``out_dir``.
 
-    ``<|endoftext|>`` is both EOS and padding; there is no BOS token, as in Qwen2.
+    ``<|endoftext|>`` is EOS, ``<|pad|>`` padding; there is no BOS token, as in Qwen2.
     Returns the ``PreTrainedTokenizerFast``.
     """
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
@@ -59,7 +60,7 @@ def make_tokenizer(out_dir: str | os.PathLike):
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=VOCAB_SIZE,
-        special_tokens=[EOS, IM_START, IM_END],
+        special_tokens=[EOS, PAD, IM_START, IM_END],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -67,7 +68,7 @@ def make_tokenizer(out_dir: str | os.PathLike):
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=bpe,
         eos_token=EOS,
-        pad_token=EOS,
+        pad_token=PAD,
         additional_special_tokens=[IM_START, IM_END],
         chat_template=CHAT_TEMPLATE,
         clean_up_tokenization_spaces=False,

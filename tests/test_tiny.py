@@ -38,9 +38,9 @@ def test_tokenizer_loads_and_round_trips_exactly(tokenizer_dir):
 
 def test_tokenizer_special_tokens(tokenizer_dir):
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
-    assert tok.eos_token == tok.pad_token == "<|endoftext|>"
+    assert tok.eos_token == "<|endoftext|>" and tok.pad_token == "<|pad|>"
     assert tok.bos_token is None
-    for special in ("<|endoftext|>", "<|im_start|>", "<|im_end|>"):
+    for special in ("<|endoftext|>", "<|pad|>", "<|im_start|>", "<|im_end|>"):
         ids = tok(special, add_special_tokens=False)["input_ids"]
         assert ids == [tok.convert_tokens_to_ids(special)]
     assert tok("23+45=", add_special_tokens=True)["input_ids"] == tok("23+45=", add_special_tokens=False)["input_ids"]
@@ -76,9 +76,9 @@ def test_tiny_model_loads_with_its_config(tiny_model_dir):
     assert c.head_dim == 32 and c.intermediate_size == 256 and c.max_position_embeddings == 512
     assert c.vocab_size == len(tok) and c.tie_word_embeddings
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
-    assert c.eos_token_id == c.bos_token_id == c.pad_token_id == tok.eos_token_id
+    assert c.eos_token_id == c.bos_token_id == tok.eos_token_id and c.pad_token_id == tok.pad_token_id
     gen = GenerationConfig.from_pretrained(tiny_model_dir)
-    assert gen.eos_token_id == gen.pad_token_id == gen.bos_token_id == tok.eos_token_id
+    assert gen.eos_token_id == gen.bos_token_id == tok.eos_token_id and gen.pad_token_id == tok.pad_token_id
     ids = torch.tensor([tok("23+45=")["input_ids"]])
     assert model(ids).logits.shape == (1, ids.shape[1], len(tok))
 

@@ -141,10 +141,8 @@ def test_final_loads_as_a_sequence_classifier(tmp_path, tiny):
     for name, param in model.named_parameters():
         assert torch.equal(param, saved[name]), name
 
-    # the loaded model gives the eval pairs the rewards training saw: same accuracy. They are
-    # read as rlx trains and scores them, at the EOS that ends each response. (The model's
-    # own ``.logits`` pool at the last token that is not the pad id; with pad == EOS, as in
-    # the tiny tokenizer, that is the token before EOS, a position the head was not trained at.)
+    # the loaded model gives the eval pairs the rewards training saw: same accuracy, read at
+    # the EOS that ends each response, and the model's own padded-batch ``.logits`` agree
     tokenizer = AutoTokenizer.from_pretrained(final)
     cfg = DataConfig()
     host = get_host()
@@ -159,4 +157,8 @@ def test_final_loads_as_a_sequence_classifier(tmp_path, tiny):
                 ids = torch.tensor([pair[f"{key}_ids"]])
                 scores.append(models.last_token_values(models.token_values(model, ids), torch.ones_like(ids)).item())
             correct += scores[0] > scores[1]
+            batch = data.pad_batch([pair["chosen_ids"], pair["rejected_ids"]],
+                                   [pair["chosen_mask"], pair["rejected_mask"]], tokenizer.pad_token_id)
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, 0]
+            assert logits.tolist() == pytest.approx(scores, abs=1e-4)
     assert correct / len(eval_rows) == pytest.approx(rows[-1]["eval/accuracy"])
