@@ -86,7 +86,7 @@ class TrainingConfig:
     max_grad_norm: float = opt(1.0, "clip the global gradient norm (0: off)")
     batch_size: int = opt(32, "samples per optimizer step (the train batch)")
     micro_batch_size: int = opt(8, "samples per forward/backward pass; never changes the result")
-    epochs: int = opt(1, "passes over the data (offline algorithms)")
+    epochs: int = opt(1, "passes over the data: training rows (offline) or prompts (online); max_steps wins when set")
     max_steps: int = opt(0, "stop after this many optimizer steps (0: run all epochs)")
     packing: bool = opt(False, "pack several samples into one row without padding")
     eval_every: int = opt(0, "evaluate every N steps (0: only at the end)")

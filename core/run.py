@@ -50,6 +50,9 @@ def prepare_output(config: RunConfig, *, resume: bool) -> Path:
 
 def run(config: RunConfig, host, *, resume: bool = False) -> dict[str, float]:
     """Train ``config.algo`` and return the last step's metrics."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # rlx shows its own progress; weight-loading bars are noise
     spec = host.algorithms.get(config.algo)
     out = prepare_output(config, resume=resume)
     host.hook.on_train_start(config=config, output_dir=str(out))
