@@ -178,31 +178,27 @@ def rollout(stream: PromptStream, engine, params: SamplingParams, reward, sample
     metrics = dict(result.metrics)
     if sampler is None:
         return prompts, completions, result.rewards, metrics
-    kept_prompts, kept, kept_rewards = [], [], []
-    seen = accepted = 0
+    n = params.n
+    kept, rejected = [], []  # groups: (prompt, completions, rewards)
+    seen = 0
     for round_ in range(sampler.max_rounds + 1):
-        n = params.n
         keep = sampler.keep([result.scores[i * n:(i + 1) * n] for i in range(len(prompts))])
         seen += len(prompts)
         for i, ok in enumerate(keep):
-            if ok and len(kept_prompts) < batch:
-                kept_prompts.append(prompts[i])
-                kept.extend(completions[i * n:(i + 1) * n])
-                kept_rewards.extend(result.rewards[i * n:(i + 1) * n])
-                accepted += 1
-        if len(kept_prompts) >= batch or round_ == sampler.max_rounds:
+            group = (prompts[i], completions[i * n:(i + 1) * n], result.rewards[i * n:(i + 1) * n])
+            (kept if ok else rejected).append(group)
+        if len(kept) >= batch or round_ == sampler.max_rounds:
             break
-        prompts = stream.take(batch - len(kept_prompts))
+        prompts = stream.take(batch - len(kept))
+        # a fresh seed per round, or every round would draw the same random numbers
+        params = dataclasses.replace(params, seed=None if params.seed is None else params.seed + round_ + 1)
         completions, result = generate_scored(prompts, engine, params, reward)
-    metrics["sampler/pass_rate"] = accepted / seen
+    metrics["sampler/pass_rate"] = len(kept) / seen
     metrics["sampler/rounds"] = round_ + 1
-    if len(kept_prompts) < batch:
-        # out of rounds: fill with the last round's groups so the batch keeps its size
-        for i in range(batch - len(kept_prompts)):
-            kept_prompts.append(prompts[i])
-            kept.extend(completions[i * params.n:(i + 1) * params.n])
-            kept_rewards.extend(result.rewards[i * params.n:(i + 1) * params.n])
-    return kept_prompts, kept, kept_rewards, metrics
+    # out of rounds: rejected groups fill the batch so that it keeps its size
+    groups = (kept + rejected)[:batch]
+    return ([g[0] for g in groups], [c for g in groups for c in g[1]], [r for g in groups for r in g[2]],
+            metrics)
 
 
 @torch.no_grad()
