@@ -48,3 +48,25 @@ class PreferenceScores:
     chosen_tokens: Any = None
     rejected_tokens: Any = None
     chosen_nll: Any = None
+
+
+@dataclass
+class UnpairedScores:
+    """What an unpaired (KTO-style) loss sees: one entry per example, tensors of shape [B].
+
+    ``logratio`` is log π − log π_ref summed over the completion; ``kl_ref_point`` the
+    detached mean of that log-ratio on mismatched prompt/completion pairs of the
+    optimizer step (a 0-d tensor; the loss clamps it at 0); ``desirable`` a bool tensor.
+    ``policy``/``reference`` are the summed log-probs themselves, ``tokens`` the
+    completion lengths, ``desirable_share`` the fraction of the step's rows that are
+    desirable (to turn per-example metrics into means over one class). A loss returns
+    ``(per_example_loss [B], {metric: per_example_tensor [B]})``.
+    """
+
+    logratio: Any
+    kl_ref_point: Any
+    desirable: Any
+    policy: Any = None
+    reference: Any = None
+    tokens: Any = None
+    desirable_share: float = 0.5

@@ -46,7 +46,8 @@ def register_value_losses(register: Register) -> None:
 @hookspec
 def register_preference_losses(register: Register) -> None:
     """Register offline pairwise/unpaired losses: ``register(name, fn)``, where
-    ``fn(scores: PreferenceScores, *, config) -> (loss, metrics)``."""
+    ``fn(scores: PreferenceScores, *, config) -> (loss, metrics)`` (pairs data), or
+    ``fn(scores: UnpairedScores, *, config) -> (loss, metrics)`` (unpaired data)."""
 
 
 @hookspec

@@ -189,7 +189,7 @@ def rollout(stream: PromptStream, engine, params: SamplingParams, reward, sample
             (kept if ok else rejected).append(group)
         if len(kept) >= batch or round_ == sampler.max_rounds:
             break
-        prompts = stream.take(batch - len(kept))
+        prompts = stream.take(batch)  # a whole batch per round, as DAPO draws, so rounds stay few
         # a fresh seed per round, or every round would draw the same random numbers
         params = dataclasses.replace(params, seed=None if params.seed is None else params.seed + round_ + 1)
         completions, result = generate_scored(prompts, engine, params, reward)
