@@ -11,7 +11,10 @@ micro-batching never changes the update.
 from __future__ import annotations
 
 import dataclasses
+import gc
+import hashlib
 import math
+import os
 import random
 import time
 from dataclasses import dataclass, field
@@ -21,7 +24,7 @@ from typing import Any, Callable
 import torch
 
 from rlx import data, models
-from rlx.algorithm import AlgorithmSpec, PreferenceScores
+from rlx.algorithm import AlgorithmSpec, PreferenceScores, UnpairedScores
 from rlx.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from rlx.config import RunConfig
 from rlx.engine import make_engine, save_hf
@@ -37,13 +40,19 @@ class Objective:
     normaliser)`` returns the micro-batch loss already divided by the step's normaliser
     and the step-normalised sums of its metrics. ``extra_keys`` are columns the rows
     need beyond their format's (key -> allowed types), checked with the others before
-    any encoding.
+    any encoding. ``prepare(train, eval, out, resume, log)``, when set, runs once after
+    the examples are encoded and before the policy loads (to precompute reference
+    log-probs, say); ``begin_step(model, rows)``, when set, runs before the
+    micro-batches of each step (and of the eval pass) with all of them (this rank's
+    share), for statistics over the whole step.
     """
 
     encode: Callable[[dict], dict]
     count: Callable[[list[dict]], int]
     loss: Callable[[Any, list[dict], float], tuple[Any, dict[str, float]]]
     extra_keys: dict[str, tuple[type, ...]] = field(default_factory=dict)
+    prepare: Callable[..., None] | None = None
+    begin_step: Callable[[Any, list[dict]], None] | None = None
 
 
 def _sft_objective(config: RunConfig, spec: AlgorithmSpec, host, tokenizer, device) -> Objective:
@@ -108,10 +117,189 @@ def _reward_model_objective(config: RunConfig, spec: AlgorithmSpec, host, tokeni
     return Objective(encode, count, loss, extra_keys={margin_key: (int, float)} if margin_key else {})
 
 
+def _summed_logps(model, seqs: list[list[int]], masks: list[list[int]], pad_id: int, device):
+    """Summed response log-probs [B] and response token counts [B] of one padded batch."""
+    batch = data.pad_batch(seqs, masks, pad_id)
+    logp = models.token_logprobs(model, batch["input_ids"].to(device),
+                                 attention_mask=batch["attention_mask"].to(device))
+    mask = batch["loss_mask"][:, 1:].to(device).to(logp.dtype)  # entry t scores token t + 1
+    return (logp * mask).sum(-1), mask.sum(-1)
+
+
+def _preference_loss(config: RunConfig, spec: AlgorithmSpec, host):
+    return host.get("register_preference_losses",
+                    getattr(config.algorithm, "preference_loss", None) or spec.preference_loss)
+
+
+class _Reference:
+    """The frozen reference policy, loaded on first use and freed on demand."""
+
+    def __init__(self, config: RunConfig, device):
+        self.config, self.device, self.model = config, device, None
+
+    def get(self):
+        if self.model is None:
+            self.model = models.load_causal_lm(self.config.model, self.device, trainable=False)
+        return self.model
+
+    def free(self):
+        self.model = None
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def _pair_fingerprint(examples: list[dict], model_path: str) -> str:
+    digest = hashlib.sha256(model_path.encode())
+    for e in examples:
+        digest.update(repr((e["chosen_ids"], e["chosen_mask"], e["rejected_ids"], e["rejected_mask"])).encode())
+    return digest.hexdigest()
+
+
+REFERENCE_CACHE = "reference_logps.pt"
+
+
+def _pairs_lm_objective(config: RunConfig, spec: AlgorithmSpec, host, tokenizer, device) -> Objective:
+    """DPO-style losses on an LM: summed response log-probs of chosen and rejected.
+
+    Chosen and rejected go through one forward in one padded batch. With
+    ``spec.needs_reference`` the frozen reference scores the same sequences, live per
+    micro-batch under no_grad, or (``algorithm.precompute_reference``) once for every
+    train and eval example before training, cached in ``out/reference_logps.pt``
+    (reused on --resume), after which the reference is freed.
+    """
+    cfg = config.data
+    pad_id = tokenizer.pad_token_id
+    preference_loss = _preference_loss(config, spec, host)
+    reference = _Reference(config, device) if spec.needs_reference else None
+    precompute = bool(getattr(config.algorithm, "precompute_reference", False)) and reference is not None
+    micro = config.training.micro_batch_size
+
+    def encode(row):
+        return data.encode_pair(row, tokenizer, cfg)
+
+    def count(rows):
+        return len(rows)
+
+    def scores_of(model, rows):
+        seqs = [r["chosen_ids"] for r in rows] + [r["rejected_ids"] for r in rows]
+        masks = [r["chosen_mask"] for r in rows] + [r["rejected_mask"] for r in rows]
+        return _summed_logps(model, seqs, masks, pad_id, device)
+
+    def prepare(train_examples, eval_examples, out: Path, resume: bool, log):
+        if not precompute:
+            return
+        everything = train_examples + eval_examples
+        path = out / REFERENCE_CACHE
+        fingerprint = _pair_fingerprint(everything, config.model.path)
+        cached = torch.load(path, weights_only=True) if path.exists() else None
+        if cached is not None and cached.get("fingerprint") == fingerprint:
+            logps = cached["logps"]
+            log(f"reference log-probs read from {path}")
+        else:
+            model = reference.get()
+            parts = []
+            with torch.no_grad():
+                for batch in _micro_batches(everything, micro):
+                    logp, _ = scores_of(model, batch)
+                    n = len(batch)
+                    parts.append(torch.stack([logp[:n], logp[n:]], dim=1).cpu())
+            logps = torch.cat(parts).double()
+            if int(os.environ.get("RANK", "0")) == 0:
+                torch.save({"fingerprint": fingerprint, "logps": logps}, path)
+            log(f"reference log-probs of {len(everything)} pairs written to {path}")
+        for example, (c, r) in zip(everything, logps.tolist()):
+            example["ref_chosen"], example["ref_rejected"] = c, r
+        reference.free()
+
+    def loss(model, rows, normaliser):
+        logp, tokens = scores_of(model, rows)
+        n = len(rows)
+        ref_chosen = ref_rejected = None
+        if reference is not None:
+            if precompute:
+                ref_chosen = torch.tensor([r["ref_chosen"] for r in rows], device=device, dtype=logp.dtype)
+                ref_rejected = torch.tensor([r["ref_rejected"] for r in rows], device=device, dtype=logp.dtype)
+            else:
+                with torch.no_grad():
+                    ref, _ = scores_of(reference.get(), rows)
+                ref_chosen, ref_rejected = ref[:n], ref[n:]
+        chosen, rejected = logp[:n], logp[n:]
+        scores = PreferenceScores(chosen=chosen, rejected=rejected, ref_chosen=ref_chosen, ref_rejected=ref_rejected,
+                                  chosen_tokens=tokens[:n], rejected_tokens=tokens[n:],
+                                  chosen_nll=-chosen / tokens[:n].clamp(min=1))
+        per_pair, metrics = preference_loss(scores, config=config.algorithm)
+        return per_pair.sum() / normaliser, {"loss": per_pair.sum().item() / normaliser,
+                                             **{k: v.sum().item() / normaliser for k, v in metrics.items()}}
+
+    return Objective(encode, count, loss, prepare=prepare)
+
+
+def _unpaired_lm_objective(config: RunConfig, spec: AlgorithmSpec, host, tokenizer, device) -> Objective:
+    """KTO-style losses on unpaired rows (prompt, completion, desirable flag).
+
+    Before each step's micro-batches, the KL reference point is the detached mean of
+    (policy − reference) summed log-probs on mismatched pairs: the prompt of row i with
+    the completion of row i + 1, rotating over the step's rows (this rank's share).
+    """
+    pad_id = tokenizer.pad_token_id
+    preference_loss = _preference_loss(config, spec, host)
+    reference = _Reference(config, device)
+    micro = config.training.micro_batch_size
+    state: dict[str, Any] = {}
+
+    def encode(row):
+        return data.encode_unpaired(row, tokenizer, config.data)
+
+    def count(rows):
+        return len(rows)
+
+    def logratio(model, prompts, completions):
+        seqs = [p + c for p, c in zip(prompts, completions)]
+        masks = [[0] * len(p) + [1] * len(c) for p, c in zip(prompts, completions)]
+        policy, tokens = _summed_logps(model, seqs, masks, pad_id, device)
+        with torch.no_grad():
+            ref, _ = _summed_logps(reference.get(), seqs, masks, pad_id, device)
+        return policy, ref, tokens
+
+    @torch.no_grad()
+    def begin_step(model, rows):
+        if len(rows) < 2:
+            raise RunError(
+                f"algorithm {spec.name!r}: a step of {len(rows)} row(s) cannot form the mismatched prompt/completion "
+                f"pairs of the KL reference point; use at least 2 rows per step and rank "
+                f"(training.batch_size={config.training.batch_size})")
+        total = 0.0
+        for start in range(0, len(rows), micro):
+            chunk = range(start, min(start + micro, len(rows)))
+            prompts = [rows[i]["prompt_ids"] for i in chunk]
+            completions = [rows[(i + 1) % len(rows)]["completion_ids"] for i in chunk]
+            policy, ref, _ = logratio(model, prompts, completions)
+            total += (policy - ref).sum().item()
+        state["kl_ref_point"] = total / len(rows)
+        state["desirable_share"] = sum(r["desirable"] for r in rows) / len(rows)
+
+    def loss(model, rows, normaliser):
+        if "kl_ref_point" not in state:
+            raise RunError("internal: the unpaired objective's step statistics were not computed")
+        policy, ref, tokens = logratio(model, [r["prompt_ids"] for r in rows], [r["completion_ids"] for r in rows])
+        scores = UnpairedScores(
+            logratio=policy - ref, kl_ref_point=torch.tensor(state["kl_ref_point"], device=device),
+            desirable=torch.tensor([r["desirable"] for r in rows], device=device),
+            policy=policy, reference=ref, tokens=tokens, desirable_share=state["desirable_share"])
+        per_example, metrics = preference_loss(scores, config=config.algorithm)
+        return per_example.sum() / normaliser, {"loss": per_example.sum().item() / normaliser,
+                                                **{k: v.sum().item() / normaliser for k, v in metrics.items()}}
+
+    return Objective(encode, count, loss, begin_step=begin_step)
+
+
 # (row format, head) -> objective; new formats are added here, never as flags.
 OBJECTIVES = {
     ("sft", "lm"): _sft_objective,
     ("pairs", "value"): _reward_model_objective,
+    ("pairs", "lm"): _pairs_lm_objective,
+    ("unpaired", "lm"): _unpaired_lm_objective,
 }
 
 
@@ -136,6 +324,8 @@ def _run_step(engine, objective: Objective, rows: list[dict], micro_size: int) -
         raise RunError("a training step has no tokens to learn from (all responses truncated away?)")
     sums: dict[str, float] = {}
     tokens = 0
+    if objective.begin_step is not None:
+        objective.begin_step(engine.model, shard)
     for micro in _micro_batches(shard, micro_size):
         loss, metrics = objective.loss(engine.model, micro, normaliser)
         # the engine averages gradients over ranks; the normaliser already spans them
@@ -160,6 +350,8 @@ def evaluate(engine, objective: Objective, rows: list[dict], micro_size: int) ->
     engine.model.eval()
     normaliser = float(objective.count(rows))
     sums: dict[str, float] = {}
+    if objective.begin_step is not None:
+        objective.begin_step(engine.model, rows)
     for micro in _micro_batches(rows, micro_size):
         _, metrics = objective.loss(engine.model, micro, normaliser)
         for k, v in metrics.items():
@@ -210,6 +402,8 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
     examples, eval_examples = _load_examples(config, spec, host, objective, log)
     if not examples:
         raise RunError(f"no training rows in {config.data.path!r}")
+    if objective.prepare is not None:
+        objective.prepare(examples, eval_examples, out, resume, log)
 
     load = models.load_value_model if spec.head == "value" else models.load_causal_lm
     model = load(config.model, device)

@@ -361,8 +361,14 @@ def token_logprobs(logits: Tensor, labels: Tensor, temperature: float = 1.0) -> 
 
 
 def logsigmoid(x: Tensor) -> Tensor:
-    """log σ(x) = min(x, 0) − log(1 + exp(−|x|)), stable for any x."""
-    return x.clamp(max=0) - (-x.abs()).exp().log1p()
+    """log σ(x) = min(x, 0) − log(1 + exp(−|x|)), stable for any x.
+
+    min(x, 0) is written as the mean of two forms whose gradients at x = 0 are 1 and 0,
+    so the gradient there is σ(0) = 0.5 as it should be (a bare clamp gives 1, which
+    doubled the first step of DPO, where policy == reference makes z exactly 0).
+    """
+    low = 0.5 * (x.clamp(max=0) + (x - x.clamp(min=0)))
+    return low - (-x.abs()).exp().log1p()
 
 
 def implicit_reward(policy_logp: Tensor, ref_logp: Tensor, beta: float) -> Tensor:

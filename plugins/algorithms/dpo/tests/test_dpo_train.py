@@ -1,0 +1,124 @@
+"""DPO end to end on the demo policy: learning, the reference cache, micro-batching, bad data.
+
+Runs go through ``rlx.run.run(resolve(spec, tree), host)``, the path ``rlx train`` takes
+after parsing its arguments. The demo policy ``builtin:tiny-arithmetic`` answers
+``arithmetic_small`` prompts with the right number but mostly hedges it ("17?"), which
+exact match counts as wrong; chosen responses are the clean right answer, rejected ones
+a wrong number.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from rlx.config import resolve, set_dotted
+from rlx.plugins import get_host
+from rlx.run import run
+
+os.environ.setdefault("RLX_CACHE", tempfile.mkdtemp(prefix="rlx-test-cache-"))
+
+QUIET = {"logging.progress": False, "logging.tensorboard": False}
+SHORT = {"data.builtin_size": 64, "data.eval_size": 8, "training.batch_size": 8, "training.micro_batch_size": 8, "training.max_steps": 1,
+         "checkpoint.save_final": False}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One intra-op thread: the tiny model gains nothing from a second one, and two threads
+    on two cores slow down many times over whenever anything else runs."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def train(out: Path, algo: str = "dpo", resume: bool = False, **settings) -> list[dict]:
+    host = get_host()
+    tree: dict = {"output": str(out)}
+    for key, value in {**QUIET, **settings}.items():
+        set_dotted(tree, key, value)
+    run(resolve(host.algorithms.get(algo), tree), host, resume=resume)
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def greedy_accuracy(model_path: str, n: int = 64) -> float:
+    """Greedy exact-match accuracy on ``n`` held-out arithmetic_small prompts."""
+    import torch
+
+    from rlx import data, models
+    from rlx.config import DataConfig, ModelConfig
+    from rlx.rollout import NativeEngine, SamplingParams
+    from rlx.tasks import TASKS, exact_match, prompt_rows
+    from rlx.tiny import builtin_model
+
+    path = builtin_model(model_path) if model_path.startswith("builtin:") else model_path
+    tokenizer = models.load_tokenizer(path)
+    model = models.load_causal_lm(ModelConfig(path=path), torch.device("cpu"), trainable=False)
+    rows = prompt_rows(TASKS["arithmetic_small"], n, split="test")
+    cfg = DataConfig(chat_template="none")
+    prompts = [data.encode_prompt(r, tokenizer, cfg)["prompt_ids"] for r in rows]
+    outs = NativeEngine(model, tokenizer).generate(prompts, SamplingParams(greedy=True, max_new_tokens=8))
+    return sum(exact_match(o.text, r["label"]) for o, r in zip(outs, rows)) / n
+
+
+def test_held_out_accuracy_rises_and_greedy_accuracy_holds(tmp_path):
+    rows = train(tmp_path / "run", **{"data.builtin_size": 512, "data.eval_size": 128, "training.lr": 3e-4,
+                                      "training.max_steps": 40, "training.eval_every": 20})
+    assert rows[0]["accuracy"] == 0.0 and rows[0]["loss"] == pytest.approx(0.6931, abs=1e-3)  # policy == reference
+    evals = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]
+    assert len(evals) == 2 and evals[-1] >= 0.6, evals
+    assert rows[-1]["eval/reward/margin"] > 0
+    assert greedy_accuracy(str(tmp_path / "run" / "final")) >= greedy_accuracy("builtin:tiny-arithmetic") - 0.1
+
+
+def test_precomputed_reference_matches_the_live_one(tmp_path):
+    live = train(tmp_path / "live", **SHORT)
+    cached = train(tmp_path / "cached", **SHORT, **{"algorithm.precompute_reference": True})
+    cache = tmp_path / "cached" / "reference_logps.pt"
+    assert cache.is_file() and not (tmp_path / "live" / "reference_logps.pt").exists()
+    for key in ("loss", "grad_norm", "eval/loss", "eval/accuracy"):
+        assert cached[0][key] == pytest.approx(live[0][key], abs=1e-5), key
+    # --resume reuses the cache
+    before = cache.stat().st_mtime_ns
+    train(tmp_path / "cached", resume=True, **{**SHORT, "algorithm.precompute_reference": True,
+                                               "training.max_steps": 2})
+    assert cache.stat().st_mtime_ns == before
+
+
+def test_micro_batching_does_not_change_the_step(tmp_path):
+    one = train(tmp_path / "one", **SHORT)
+    four = train(tmp_path / "four", **{**SHORT, "training.micro_batch_size": 2})
+    for key in ("loss", "grad_norm", "reward/margin"):
+        assert four[0][key] == pytest.approx(one[0][key], abs=1e-5), key
+
+
+def test_ipo_runs(tmp_path):
+    rows = train(tmp_path / "run", "ipo", **{**SHORT, "training.max_steps": 2})
+    assert rows[0]["loss"] == pytest.approx(25.0, abs=1e-3)  # z = 0 at the start: (0 − 1/(2·0.1))²
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"chosen": "5", "rejected": "5"}, "line 3: keys 'chosen' and 'rejected' are the same"),
+    ({"chosen": "  ", "rejected": "5"}, "line 3: key 'chosen' is empty"),
+    ({"rejected": "5"}, "line 3: key 'chosen' is missing"),
+])
+def test_bad_pairs_are_named_by_the_cli(tmp_path, bad, message):
+    rows = [{"prompt": "1+1=", "chosen": "2", "rejected": "3"}] * 4
+    rows.insert(2, {"prompt": "2+3=", **bad})
+    path = tmp_path / "bad.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = subprocess.run([sys.executable, "-m", "rlx.cli", "train", "--algo", "dpo", "--data", str(path),
+                             "--output", str(tmp_path / "run"), "--model", "builtin:tiny"],
+                            capture_output=True, text=True, env={**os.environ, "RLX_CACHE": os.environ["RLX_CACHE"]})
+    assert result.returncode == 1, result.stderr
+    assert f"{path} {message}" in result.stderr
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
