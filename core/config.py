@@ -423,3 +423,17 @@ ONLINE_DEFAULTS = {
     "rollout.max_new_tokens": 8,
     "algorithm.eval_size": 256,
 }
+
+
+# Run defaults of the first-party preference algorithms: pairs (or unpaired rows) of the
+# built-in small arithmetic task, starting from the demo policy, sized for two CPU cores.
+PREFERENCE_DEFAULTS = {
+    "model.path": "builtin:tiny-arithmetic",
+    "data.path": "builtin:arithmetic_small",
+    "data.chat_template": "none",
+    "training.lr": 1e-4,
+    "training.scheduler": "constant",
+    "training.batch_size": 32,
+    "training.micro_batch_size": 32,
+    "training.max_steps": 40,
+}

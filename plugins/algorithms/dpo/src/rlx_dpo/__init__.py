@@ -14,7 +14,7 @@ Logged per pair: ``accuracy`` (implicit reward of chosen > rejected), ``reward/c
 from dataclasses import dataclass
 
 from rlx import AlgorithmSpec, hookimpl, ops
-from rlx.config import opt
+from rlx.config import PREFERENCE_DEFAULTS, opt
 
 
 @dataclass
@@ -53,11 +53,6 @@ def _metrics(scores, config):
     }
 
 
-# Sized for the CPU demo: the arithmetic policy rlx ships, a few dozen steps.
-DEMO = {"model.path": "builtin:tiny-arithmetic", "data.path": "builtin:arithmetic_small", "data.chat_template": "none",
-        "training.lr": 1e-4, "training.scheduler": "constant", "training.batch_size": 32,
-        "training.micro_batch_size": 32, "training.max_steps": 40}
-
 DPO = AlgorithmSpec(
     name="dpo",
     description="Direct preference optimisation on pairs (cDPO with label_smoothing > 0)",
@@ -67,7 +62,7 @@ DPO = AlgorithmSpec(
     head="lm",
     preference_loss="dpo",
     needs_reference=True,
-    defaults=DEMO,
+    defaults=PREFERENCE_DEFAULTS,
 )
 IPO = AlgorithmSpec(
     name="ipo",
@@ -78,7 +73,7 @@ IPO = AlgorithmSpec(
     head="lm",
     preference_loss="ipo",
     needs_reference=True,
-    defaults=DEMO,
+    defaults=PREFERENCE_DEFAULTS,
 )
 
 

@@ -16,7 +16,7 @@ of ending a response), which says nothing about telling good from bad ones.
 from dataclasses import dataclass
 
 from rlx import AlgorithmSpec, hookimpl, ops
-from rlx.config import opt
+from rlx.config import PREFERENCE_DEFAULTS, opt
 
 
 @dataclass
@@ -56,10 +56,7 @@ KTO = AlgorithmSpec(
     head="lm",
     preference_loss="kto",
     needs_reference=True,
-    # sized for the CPU demo: the arithmetic policy rlx ships, a few dozen steps
-    defaults={"model.path": "builtin:tiny-arithmetic", "data.path": "builtin:arithmetic_small",
-              "data.chat_template": "none", "training.lr": 1e-4, "training.scheduler": "constant",
-              "training.batch_size": 32, "training.micro_batch_size": 32, "training.max_steps": 40},
+    defaults=PREFERENCE_DEFAULTS,
 )
 
 

@@ -10,7 +10,7 @@ pair: ``accuracy`` (odds_c > odds_r), ``log_odds_ratio``, ``nll``, ``reward/chos
 from dataclasses import dataclass
 
 from rlx import AlgorithmSpec, hookimpl, ops
-from rlx.config import opt
+from rlx.config import PREFERENCE_DEFAULTS, opt
 
 
 @dataclass
@@ -45,10 +45,7 @@ ORPO = AlgorithmSpec(
     head="lm",
     preference_loss="orpo",
     needs_reference=False,
-    # sized for the CPU demo: the arithmetic policy rlx ships, a few dozen steps
-    defaults={"model.path": "builtin:tiny-arithmetic", "data.path": "builtin:arithmetic_small",
-              "data.chat_template": "none", "training.lr": 1e-4, "training.scheduler": "constant",
-              "training.batch_size": 32, "training.micro_batch_size": 32, "training.max_steps": 40},
+    defaults=PREFERENCE_DEFAULTS,
 )
 
 

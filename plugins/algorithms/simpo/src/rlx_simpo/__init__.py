@@ -10,7 +10,7 @@ rejected), ``reward/chosen``, ``reward/rejected``, ``reward/margin`` with reward
 from dataclasses import dataclass
 
 from rlx import AlgorithmSpec, hookimpl, ops
-from rlx.config import opt
+from rlx.config import PREFERENCE_DEFAULTS, opt
 
 
 @dataclass
@@ -37,10 +37,7 @@ SIMPO = AlgorithmSpec(
     head="lm",
     preference_loss="simpo",
     needs_reference=False,
-    # sized for the CPU demo: the arithmetic policy rlx ships, a few dozen steps
-    defaults={"model.path": "builtin:tiny-arithmetic", "data.path": "builtin:arithmetic_small",
-              "data.chat_template": "none", "training.lr": 1e-4, "training.scheduler": "constant",
-              "training.batch_size": 32, "training.micro_batch_size": 32, "training.max_steps": 40},
+    defaults=PREFERENCE_DEFAULTS,
 )
 
 
