@@ -1,10 +1,6 @@
-import os
-import tempfile
-
 import pytest
 
-# Built-in models are made on first use into RLX_CACHE: keep them out of ~/.cache.
-os.environ.setdefault("RLX_CACHE", tempfile.mkdtemp(prefix="rlx-test-cache-"))
+import rlx.testing  # noqa: F401  (points RLX_CACHE at a temporary folder: keep built models out of ~/.cache)
 
 
 @pytest.fixture(scope="session")

@@ -10,24 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from rlx.testing import QUIET, one_thread  # noqa: F401  (re-exported for the e2e tests)
 
-QUIET = {"logging.progress": False, "logging.tensorboard": False}
 # small, fast defaults for every end-to-end run: a few rows, a tiny eval set
 SMALL = {"data.builtin_size": 96, "data.eval_size": 8, "training.batch_size": 8, "training.micro_batch_size": 4}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One intra-op thread for the tiny models of these runs (import this fixture into a test
-    module to use it). Their matrices are too small for a second thread to pay off, and
-    two threads on two cores slow down many times over whenever anything else runs."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def tree(settings: dict) -> dict:

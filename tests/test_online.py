@@ -10,7 +10,7 @@ import pytest
 
 from rlx.config import ConfigError, resolve
 from rlx.plugins import build_host
-from rlx.run import RunError, run
+from rlx.run import run
 
 REQUIRED = ["reward/mean", "reward/std", "advantage/mean", "kl", "loss/policy", "clip_frac", "entropy",
             "response_length/mean", "time/rollout", "time/train", "tokens_per_s/rollout"]

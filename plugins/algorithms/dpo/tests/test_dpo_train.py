@@ -13,7 +13,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -21,24 +20,11 @@ import pytest
 from rlx.config import resolve, set_dotted
 from rlx.plugins import get_host
 from rlx.run import run
+from rlx.testing import QUIET, one_thread  # noqa: F401
 
-os.environ.setdefault("RLX_CACHE", tempfile.mkdtemp(prefix="rlx-test-cache-"))
 
-QUIET = {"logging.progress": False, "logging.tensorboard": False}
 SHORT = {"data.builtin_size": 64, "data.eval_size": 8, "training.batch_size": 8, "training.micro_batch_size": 8, "training.max_steps": 1,
          "checkpoint.save_final": False}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One intra-op thread: the tiny model gains nothing from a second one, and two threads
-    on two cores slow down many times over whenever anything else runs."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def train(out: Path, algo: str = "dpo", resume: bool = False, **settings) -> list[dict]:

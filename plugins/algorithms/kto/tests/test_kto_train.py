@@ -8,8 +8,6 @@ the right number but mostly hedges it ("17?"), which exact match counts as wrong
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,22 +15,7 @@ import pytest
 from rlx.config import resolve, set_dotted
 from rlx.plugins import get_host
 from rlx.run import RunError, run
-
-os.environ.setdefault("RLX_CACHE", tempfile.mkdtemp(prefix="rlx-test-cache-"))
-
-QUIET = {"logging.progress": False, "logging.tensorboard": False}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One intra-op thread: the tiny model gains nothing from a second one, and two threads
-    on two cores slow down many times over whenever anything else runs."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+from rlx.testing import QUIET, one_thread  # noqa: F401
 
 
 def train(out: Path, **settings) -> list[dict]:

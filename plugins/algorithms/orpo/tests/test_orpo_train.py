@@ -3,27 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 
-import pytest
 
 from rlx.config import resolve, set_dotted
 from rlx.plugins import get_host
 from rlx.run import run
-
-os.environ.setdefault("RLX_CACHE", tempfile.mkdtemp(prefix="rlx-test-cache-"))
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One intra-op thread: the tiny model gains nothing from a second one."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+from rlx.testing import one_thread  # noqa: F401
 
 
 def test_short_run_raises_the_margin(tmp_path):

@@ -14,8 +14,6 @@ what a CI-sized run can show.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -23,24 +21,10 @@ import pytest
 from rlx.config import resolve, set_dotted
 from rlx.plugins import get_host
 from rlx.run import RunError, run
+from rlx.testing import QUIET, one_thread  # noqa: F401
 
-# Built-in models are made on first use into RLX_CACHE: keep them out of ~/.cache (as the core tests do).
-os.environ.setdefault("RLX_CACHE", tempfile.mkdtemp(prefix="rlx-test-cache-"))
 
-QUIET = {"logging.progress": False, "logging.tensorboard": False}
 SMALL = {"data.builtin_size": 64, "data.eval_size": 16, "training.batch_size": 8, "training.micro_batch_size": 4}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One intra-op thread: the tiny model gains nothing from a second one, and two threads
-    on two cores slow down many times over whenever anything else runs."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
