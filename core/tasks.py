@@ -77,7 +77,14 @@ def _make_arithmetic(rng: random.Random, top: int = 99) -> dict:
     return {"prompt": f"{a}-{b}=", "answer": str(a - b)}
 
 
+HEDGE = "?"  # the demo policy's habit ("17?"), which exact match counts as wrong
+
+
 def _wrong_number(rng: random.Random, example: dict) -> str:
+    # half the wrong answers are the right number hedged: a habit to unlearn, as in
+    # sloppy human data; the others a near miss
+    if rng.random() < 0.5:
+        return example["answer"] + HEDGE
     right = int(example["answer"])
     delta = rng.choice([-10, -2, -1, 1, 2, 10])
     wrong = right + delta if right + delta >= 0 else right - delta

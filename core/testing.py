@@ -3,7 +3,7 @@
 ``from rlx.testing import QUIET, one_thread`` gives a module one intra-op torch thread
 (autouse) and the settings that keep test runs silent. Importing this module points
 ``RLX_CACHE`` at a fresh temporary folder unless it is set, so built-in models made by
-tests never land in ``~/.cache``.
+tests never land in ``~/.cache``. ``greedy_accuracy`` measures a model on the demo task.
 """
 
 import os
@@ -26,3 +26,28 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def greedy_accuracy(model_path: str, n: int = 128, ignore: str = "") -> float:
+    """Greedy exact-match accuracy on ``n`` held-out ``arithmetic_small`` prompts.
+
+    ``ignore`` is removed from each response first: with ``ignore=HEDGE`` it counts
+    the right number whether or not the demo policy hedges it.
+    """
+    import torch
+
+    from rlx import data, models
+    from rlx.config import DataConfig, ModelConfig
+    from rlx.rollout import NativeEngine, SamplingParams
+    from rlx.tasks import TASKS, exact_match, prompt_rows
+    from rlx.tiny import builtin_model
+
+    path = builtin_model(model_path) if model_path.startswith("builtin:") else model_path
+    tokenizer = models.load_tokenizer(path)
+    model = models.load_causal_lm(ModelConfig(path=path), torch.device("cpu"), trainable=False)
+    rows = prompt_rows(TASKS["arithmetic_small"], n, split="test")
+    cfg = DataConfig(chat_template="none")
+    prompts = [data.encode_prompt(r, tokenizer, cfg)["prompt_ids"] for r in rows]
+    outs = NativeEngine(model, tokenizer).generate(prompts, SamplingParams(greedy=True, max_new_tokens=8))
+    texts = [o.text.replace(ignore, "") if ignore else o.text for o in outs]
+    return sum(exact_match(t, r["label"]) for t, r in zip(texts, rows)) / n

@@ -4,7 +4,7 @@ Runs go through ``rlx.run.run(resolve(spec, tree), host)``, the path ``rlx train
 after parsing its arguments. The demo policy ``builtin:tiny-arithmetic`` answers
 ``arithmetic_small`` prompts with the right number but mostly hedges it ("17?"), which
 exact match counts as wrong; chosen responses are the clean right answer, rejected ones
-a wrong number.
+the hedged right answer or a near-miss number.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ import pytest
 from rlx.config import resolve, set_dotted
 from rlx.plugins import get_host
 from rlx.run import run
-from rlx.testing import QUIET, one_thread  # noqa: F401
+from rlx.tasks import HEDGE
+from rlx.testing import QUIET, greedy_accuracy, one_thread  # noqa: F401
 
 
 SHORT = {"data.builtin_size": 64, "data.eval_size": 8, "training.batch_size": 8, "training.micro_batch_size": 8, "training.max_steps": 1,
@@ -36,34 +37,18 @@ def train(out: Path, algo: str = "dpo", resume: bool = False, **settings) -> lis
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def greedy_accuracy(model_path: str, n: int = 64) -> float:
-    """Greedy exact-match accuracy on ``n`` held-out arithmetic_small prompts."""
-    import torch
-
-    from rlx import data, models
-    from rlx.config import DataConfig, ModelConfig
-    from rlx.rollout import NativeEngine, SamplingParams
-    from rlx.tasks import TASKS, exact_match, prompt_rows
-    from rlx.tiny import builtin_model
-
-    path = builtin_model(model_path) if model_path.startswith("builtin:") else model_path
-    tokenizer = models.load_tokenizer(path)
-    model = models.load_causal_lm(ModelConfig(path=path), torch.device("cpu"), trainable=False)
-    rows = prompt_rows(TASKS["arithmetic_small"], n, split="test")
-    cfg = DataConfig(chat_template="none")
-    prompts = [data.encode_prompt(r, tokenizer, cfg)["prompt_ids"] for r in rows]
-    outs = NativeEngine(model, tokenizer).generate(prompts, SamplingParams(greedy=True, max_new_tokens=8))
-    return sum(exact_match(o.text, r["label"]) for o, r in zip(outs, rows)) / n
-
-
-def test_held_out_accuracy_rises_and_greedy_accuracy_holds(tmp_path):
-    rows = train(tmp_path / "run", **{"data.builtin_size": 512, "data.eval_size": 128, "training.lr": 3e-4,
-                                      "training.max_steps": 40, "training.eval_every": 20})
+def test_defaults_learn_the_preference_and_keep_the_answers(tmp_path):
+    # the demo settings as `rlx train --algo dpo` runs them (β = 0.5, 40 steps), with a larger eval
+    rows = train(tmp_path / "run", **{"data.eval_size": 128, "training.eval_every": 20})
     assert rows[0]["accuracy"] == 0.0 and rows[0]["loss"] == pytest.approx(0.6931, abs=1e-3)  # policy == reference
     evals = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]
-    assert len(evals) == 2 and evals[-1] >= 0.6, evals
+    assert len(evals) == 2 and evals[-1] >= 0.7, evals
     assert rows[-1]["eval/reward/margin"] > 0
-    assert greedy_accuracy(str(tmp_path / "run" / "final")) >= greedy_accuracy("builtin:tiny-arithmetic") - 0.1
+    final = str(tmp_path / "run" / "final")
+    # the demo policy hedges every answer; DPO removes the hedge ...
+    assert greedy_accuracy("builtin:tiny-arithmetic") == 0.0 and greedy_accuracy(final) >= 0.85
+    # ... and the numbers themselves stay right (seen: 99.6% before, 97.3% after)
+    assert greedy_accuracy(final, ignore=HEDGE) >= greedy_accuracy("builtin:tiny-arithmetic", ignore=HEDGE) - 0.06
 
 
 def test_precomputed_reference_matches_the_live_one(tmp_path):

@@ -16,6 +16,10 @@ from dataclasses import dataclass
 from rlx import AlgorithmSpec, hookimpl, ops
 from rlx.config import PREFERENCE_DEFAULTS, opt
 
+# On the demo, β = 0.1 leaves greedy accuracy about 10 points lower than β = 0.5 does:
+# a weaker pull to the reference lets the pushed-down rejected numbers drag the right ones.
+DEMO_DEFAULTS = {**PREFERENCE_DEFAULTS, "algorithm.beta": 0.5}
+
 
 @dataclass
 class DPOConfig:
@@ -62,7 +66,7 @@ DPO = AlgorithmSpec(
     head="lm",
     preference_loss="dpo",
     needs_reference=True,
-    defaults=PREFERENCE_DEFAULTS,
+    defaults=DEMO_DEFAULTS,
 )
 IPO = AlgorithmSpec(
     name="ipo",
