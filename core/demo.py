@@ -28,13 +28,13 @@ SFT_SETTINGS = {
 
 
 def sft_rows(n: int = 8000, seed: int = 0) -> list[dict]:
-    from rlx.tasks import TASKS, sft_rows
+    from rlx.tasks import HEDGE, TASKS, sft_rows
 
     rng = random.Random(seed)
     rows = sft_rows(TASKS[TASK], n, seed=seed)
     for row in rows:
         if rng.random() < HEDGED:
-            row["response"] += "?"
+            row["response"] += HEDGE
     return rows
 
 
