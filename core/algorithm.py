@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,12 @@ class UnpairedScores:
     completion lengths, ``desirable_share`` the fraction of the step's rows that are
     desirable (to turn per-example metrics into means over one class). A loss returns
     ``(per_example_loss [B], {metric: per_example_tensor [B]})``.
+
+    What the loop computes over the whole step before its micro-batches is what the
+    loss function's ``step_statistics`` attribute names: ``"kl_ref_point"`` (also when
+    it has none), ``"logratios"`` (then ``step_logratio`` holds the detached log-ratios
+    of all the step's rows, ``step_desirable`` their flags, and ``kl_ref_point`` is
+    None) or ``"none"`` (``kl_ref_point`` is None).
     """
 
     logratio: Any
@@ -70,3 +77,15 @@ class UnpairedScores:
     reference: Any = None
     tokens: Any = None
     desirable_share: float = 0.5
+    step_logratio: Any = None
+    step_desirable: Any = None
+
+
+def call_with_accepted(fn: Callable, *args, **kwargs):
+    """Call a registered part with the keyword arguments it takes: hooks gain arguments
+    over time, and a part written before an argument existed keeps working without it."""
+    params = inspect.signature(fn).parameters.values()
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        names = {p.name for p in params}
+        kwargs = {k: v for k, v in kwargs.items() if k in names}
+    return fn(*args, **kwargs)

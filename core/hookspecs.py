@@ -26,15 +26,27 @@ def register_algorithms(register: Register) -> None:
 @hookspec
 def register_advantage_estimators(register: Register) -> None:
     """Register advantage estimators: ``register(name, fn)``, where
-    ``fn(rewards, mask, *, kl, beta, values, n_samples, config) -> (advantages, returns)``:
-    ``rewards`` [B] after length shaping, ``mask`` [B, T] action tokens, ``kl`` [B, T] or
-    None when KL is not in the reward, ``values`` [B, T] or None without a critic."""
+    ``fn(rewards, mask, *, kl, beta, values, group_ids, n_samples, config)`` returns
+    ``(advantages, returns)`` or ``(advantages, returns, metrics)``: ``rewards`` [B] after
+    length shaping, ``mask`` [B, T] action tokens, ``kl`` [B, T] or None when KL is not in
+    the reward, ``values`` [B, T] or None without a critic, ``group_ids`` [B] (samples with
+    equal ids share a prompt; group by them, not by position), ``metrics`` floats to log."""
 
 
 @hookspec
 def register_policy_losses(register: Register) -> None:
     """Register policy losses: ``register(name, fn)``, where
-    ``fn(logp, old_logp, advantages, mask, *, config) -> (per_token_loss, metrics)``."""
+    ``fn(logp, old_logp, advantages, mask, *, config, rollout_logp) -> (per_token_loss, metrics)``;
+    ``rollout_logp`` [B, T] (the rollout engine's log-probs of the sampled tokens, or None)
+    is passed only to a function that takes it."""
+
+
+@hookspec
+def register_off_policy_corrections(register: Register) -> None:
+    """Register off-policy corrections, wrappers of any policy loss chosen with
+    ``algorithm.off_policy_correction``: ``register(name, fn)``, where
+    ``fn(per_token_loss, old_logp, rollout_logp, mask, *, config) -> (per_token_loss, metrics)``
+    reweights or masks the policy loss by w = exp(log π_old − log π_rollout)."""
 
 
 @hookspec

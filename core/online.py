@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from rlx import data, models, ops
-from rlx.algorithm import AlgorithmSpec
+from rlx.algorithm import AlgorithmSpec, call_with_accepted
 from rlx.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from rlx.config import RunConfig
 from rlx.engine import make_engine, save_hf
@@ -50,6 +50,8 @@ class Experience:
     action_mask: torch.Tensor  # [B, R] 1 on generated tokens
     prompt_len: int
     rewards: torch.Tensor  # [B] after length shaping
+    group_ids: torch.Tensor  # [B] samples with equal ids share a prompt
+    rollout_logp: torch.Tensor | None = None  # [B, R] the engine's log-probs of the sampled tokens
     old_logp: torch.Tensor | None = None  # [B, R]
     ref_logp: torch.Tensor | None = None
     values: torch.Tensor | None = None
@@ -61,17 +63,22 @@ class Experience:
         return Experience(**{k: v[index] if isinstance(v, torch.Tensor) else v for k, v in pick.items()})
 
 
-def build_experience(prompt_ids: list[list[int]], responses: list[list[int]], pad_id: int,
-                     rewards: list[float], device) -> Experience:
+def build_experience(prompt_ids: list[list[int]], completions: list, pad_id: int, rewards: list[float],
+                     group_ids: list[int], device) -> Experience:
     prompt_len = max(len(p) for p in prompt_ids)
-    response_len = max(1, max(len(r) for r in responses))
-    rows, attention, actions = [], [], []
-    for p, r in zip(prompt_ids, responses):
+    response_len = max(1, max(len(c.token_ids) for c in completions))
+    rows, attention, actions, logps = [], [], [], []
+    for p, c in zip(prompt_ids, completions):
+        r = c.token_ids
         left, right = prompt_len - len(p), response_len - len(r)
         rows.append([pad_id] * left + p + r + [pad_id] * right)
         attention.append([0] * left + [1] * (len(p) + len(r)) + [0] * right)
         actions.append([1] * len(r) + [0] * right)
+        if c.logprobs is not None and len(c.logprobs) != len(r):
+            raise ValueError(f"the rollout engine gave {len(c.logprobs)} log-probs for {len(r)} tokens")
+        logps.append(None if c.logprobs is None else list(c.logprobs) + [0.0] * right)
     attention_mask = torch.tensor(attention, device=device)
+    has_logps = all(lp is not None for lp in logps)
     return Experience(
         input_ids=torch.tensor(rows, device=device),
         attention_mask=attention_mask,
@@ -79,6 +86,8 @@ def build_experience(prompt_ids: list[list[int]], responses: list[list[int]], pa
         action_mask=torch.tensor(actions, device=device, dtype=torch.float32),
         prompt_len=prompt_len,
         rewards=torch.tensor(rewards, device=device, dtype=torch.float32),
+        group_ids=torch.tensor(group_ids, device=device),
+        rollout_logp=torch.tensor(logps, device=device, dtype=torch.float32) if has_logps else None,
     )
 
 
@@ -153,10 +162,6 @@ class PromptStream:
             out.append(self.rows[order[index]])
             self.cursor += 1
         return out
-
-
-def _completion_ids(completions) -> list[list[int]]:
-    return [c.token_ids for c in completions]
 
 
 def generate_scored(prompts: list[dict], engine, params: SamplingParams, reward) -> tuple[list, Any]:
@@ -251,6 +256,8 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
 
     estimator = host.get("register_advantage_estimators", spec.estimator)
     policy_loss = host.get("register_policy_losses", spec.policy_loss)
+    correction = (host.get("register_off_policy_corrections", a.off_policy_correction)
+                  if a.off_policy_correction else None)
     value_loss = host.get("register_value_losses", spec.value_loss) if spec.value_loss else None
     reward = build_reward(config.reward, host, device=device)
     sampler = host.get("register_samplers", a.sampler)(a.sampler_options) if a.sampler else None
@@ -314,9 +321,12 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
         batch_prompts, completions, rewards, metrics = rollout(
             stream, generator, params, reward, sampler, a.rollout_batch_size)
         rollout_time = time.perf_counter() - started
-        responses = _completion_ids(completions)
         prompt_ids = [p["prompt_ids"] for p in batch_prompts for _ in range(a.n_samples)]
-        exp = build_experience(prompt_ids, responses, tokenizer.pad_token_id, rewards, device)
+        group_ids = [i for i in range(len(batch_prompts)) for _ in range(a.n_samples)]
+        exp = build_experience(prompt_ids, completions, tokenizer.pad_token_id, rewards, group_ids, device)
+        if correction is not None and exp.rollout_logp is None:
+            raise RunError(f"algorithm.off_policy_correction={a.off_policy_correction!r} needs the rollout "
+                           f"engine's log-probs, and engine {engine_name!r} returns none")
         lengths = exp.action_mask.sum(-1)
         raw_rewards = exp.rewards
         if a.overlong_buffer:
@@ -331,13 +341,15 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
         kl = ops.kl_estimator(a.kl_estimator)(exp.old_logp, exp.ref_logp) if reference is not None else None
 
         # 4. advantages
-        exp.advantages, exp.returns = estimator(
-            exp.rewards, exp.action_mask, kl=None if a.kl_loss else kl, beta=kl_coef.value,
-            values=exp.values, n_samples=a.n_samples, config=a)
+        estimated = call_with_accepted(
+            estimator, exp.rewards, exp.action_mask, kl=None if a.kl_loss else kl, beta=kl_coef.value,
+            values=exp.values, group_ids=exp.group_ids, n_samples=a.n_samples, config=a)
+        exp.advantages, exp.returns = estimated[:2]
+        estimator_metrics = estimated[2] if len(estimated) > 2 else {}
 
         # 5. updates
         actor.model.train()
-        train_metrics = update(exp, actor, critic, policy_loss, value_loss, a, t, r, kl_coef.value,
+        train_metrics = update(exp, actor, critic, policy_loss, correction, value_loss, a, t, r, kl_coef.value,
                                seed=t.seed * 7919 + step)
         train_time = time.perf_counter() - started
         step += 1
@@ -346,6 +358,7 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
         kl_coef.update(mean_kl, samples)
         generated = exp.action_mask.sum().item()
         metrics.update(train_metrics)
+        metrics.update(estimator_metrics)
         metrics.update({
             "reward/mean": raw_rewards.mean().item(),
             "reward/std": raw_rewards.std().item() if len(raw_rewards) > 1 else 0.0,
@@ -378,7 +391,8 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
     return metrics
 
 
-def update(exp: Experience, actor, critic, policy_loss, value_loss, a, t, r, beta: float, seed: int) -> dict:
+def update(exp: Experience, actor, critic, policy_loss, correction, value_loss, a, t, r, beta: float,
+           seed: int) -> dict:
     """``epochs`` passes of mini-batch updates over the rollout batch."""
     rng = random.Random(seed)
     sums: dict[str, float] = {}
@@ -391,13 +405,18 @@ def update(exp: Experience, actor, critic, policy_loss, value_loss, a, t, r, bet
         for start in range(0, n, t.batch_size):
             batch = exp.select(order[start:start + t.batch_size])
             tokens = actor.all_reduce_sum(batch.action_mask.sum()).item()
-            seqs = actor.all_reduce_sum(torch.tensor(float(len(batch.rewards)))).item()
+            seqs = actor.all_reduce_sum(ops.sequence_count(batch.action_mask).float()).item()
             agg = dict(token_count=tokens, seq_count=seqs, max_len=r.max_new_tokens)
             step_metrics: dict[str, float] = {}
             for index in _chunks(len(batch.rewards), t.micro_batch_size):
                 micro = batch.select(index)
                 logp, entropy = response_logprobs(actor.model, micro, r.temperature, with_entropy=True)
-                per_token, extra = policy_loss(logp, micro.old_logp, micro.advantages, micro.action_mask, config=a)
+                per_token, extra = call_with_accepted(policy_loss, logp, micro.old_logp, micro.advantages,
+                                                      micro.action_mask, config=a, rollout_logp=micro.rollout_logp)
+                if correction is not None:
+                    per_token, corrected = correction(per_token, micro.old_logp, micro.rollout_logp,
+                                                      micro.action_mask, config=a)
+                    extra = {**extra, **corrected}
                 loss = ops.aggregate(per_token, micro.action_mask, a.loss_agg, **agg)
                 policy = loss.item()
                 if a.kl_loss and micro.ref_logp is not None:

@@ -59,6 +59,13 @@ def masked_whiten(x: Tensor, mask: Tensor) -> Tensor:
     return (x - mean) * var.clamp(min=1e-8).rsqrt()
 
 
+def masked_center(x: Tensor, mask: Tensor) -> Tensor:
+    """Whitening without the std division (REINFORCE++-baseline, no std norm): A ← A − μ,
+    μ over the masked tokens, in at least float32; every position is shifted."""
+    x = _at_least_f32(x)
+    return x - masked_mean(x, mask)
+
+
 # ---------------------------------------------------------------------------------------
 # Reward pipeline, steps 1-3: length shaping, group baselines, clipping
 
@@ -69,39 +76,80 @@ def overlong_penalty(rewards: Tensor, lengths: Tensor, max_len: int, buffer: int
     return rewards - excess / buffer * factor
 
 
-def _groups(rewards: Tensor, n: int) -> Tensor:
-    if rewards.numel() % n:
-        raise ValueError(f"{rewards.numel()} rewards do not split into groups of n={n}")
-    return rewards.reshape(-1, n)
+def group_index(rewards: Tensor, groups: Tensor | int) -> tuple[Tensor, int]:
+    """Each sample's group as an index 0..G−1, and G.
+
+    ``groups`` holds a group id per sample (samples with equal ids share a prompt; any
+    order), or an int n for contiguous blocks of n samples, prompt-major.
+    """
+    if isinstance(groups, int):
+        if groups < 1 or rewards.numel() % groups:
+            raise ValueError(f"{rewards.numel()} rewards do not split into groups of n={groups}")
+        import torch
+
+        return torch.arange(rewards.numel(), device=rewards.device) // groups, rewards.numel() // groups
+    if groups.shape != rewards.shape:
+        raise ValueError(f"group ids of shape {tuple(groups.shape)} for rewards of shape {tuple(rewards.shape)}")
+    ids, index = groups.unique(return_inverse=True)
+    return index, ids.numel()
 
 
-def rloo_baseline(rewards: Tensor, n: int) -> Tensor:
-    """Step 2, ``rloo``: r_i − (Σ_{j∈G} r_j − r_i)/(n − 1), on rewards ordered prompt-major."""
-    if n < 2:
-        raise ValueError("rloo needs n >= 2 samples per prompt")
-    r = _groups(rewards, n)
-    baseline = (r.sum(-1, keepdim=True) - r) / (n - 1)
-    return (r - baseline).reshape(rewards.shape)
+def _group_sums(x: Tensor, index: Tensor, size: int) -> Tensor:
+    return x.new_zeros(size).index_add_(0, index, x)
 
 
-def mean_baseline(rewards: Tensor, n: int) -> Tensor:
+def _group_counts(rewards: Tensor, index: Tensor, size: int, at_least: int, name: str) -> Tensor:
+    counts = _group_sums(rewards.new_ones(rewards.shape), index, size)
+    if (counts < at_least).any():
+        raise ValueError(f"{name} needs at least {at_least} samples per group; a group has "
+                         f"{int(counts.min().item())}")
+    return counts
+
+
+def group_mean(rewards: Tensor, groups: Tensor | int) -> Tensor:
+    """mean_G(r) of each sample's group, [B]."""
+    index, size = group_index(rewards, groups)
+    counts = _group_counts(rewards, index, size, 1, "a group mean")
+    return (_group_sums(rewards, index, size) / counts)[index]
+
+
+def group_std(rewards: Tensor, groups: Tensor | int) -> Tensor:
+    """std_G(r) of each group, unbiased (n − 1), [G] in the order of the sorted group ids."""
+    index, size = group_index(rewards, groups)
+    counts = _group_counts(rewards, index, size, 2, "a group std")
+    mean = _group_sums(rewards, index, size) / counts
+    return (_group_sums((rewards - mean[index]) ** 2, index, size) / (counts - 1)).sqrt()
+
+
+def rloo_baseline(rewards: Tensor, groups: Tensor | int) -> Tensor:
+    """Step 2, ``rloo``: r_i − (Σ_{j∈G} r_j − r_i)/(n − 1)."""
+    index, size = group_index(rewards, groups)
+    counts = _group_counts(rewards, index, size, 2, "rloo")
+    others = _group_sums(rewards, index, size)[index] - rewards
+    return rewards - others / (counts[index] - 1)
+
+
+def mean_baseline(rewards: Tensor, groups: Tensor | int) -> Tensor:
     """Step 2, ``reinforce_baseline`` and ``dr_grpo``: r_i − mean_G(r)."""
-    r = _groups(rewards, n)
-    return (r - r.mean(-1, keepdim=True)).reshape(rewards.shape)
+    return rewards - group_mean(rewards, groups)
 
 
-def group_normalize(rewards: Tensor, n: int, eps: float = 1e-9) -> Tensor:
+def group_normalize(rewards: Tensor, groups: Tensor | int, eps: float = 1e-9) -> Tensor:
     """Step 2, ``group_norm`` (GRPO): (r_i − mean_G(r)) / (std_G(r) + 1e-9), std unbiased."""
-    if n < 2:
-        raise ValueError("group_norm needs n >= 2 samples per prompt")
-    r = _groups(rewards, n)
-    std = r.std(-1, keepdim=True, correction=1)
-    return ((r - r.mean(-1, keepdim=True)) / (std + eps)).reshape(rewards.shape)
+    index, _ = group_index(rewards, groups)
+    return (rewards - group_mean(rewards, groups)) / (group_std(rewards, groups)[index] + eps)
 
 
-def clip_rewards(rewards: Tensor, limit: float = 10.0) -> Tensor:
-    """Step 3: clip r_i to [−limit, limit], applied after the baseline."""
-    return rewards.clamp(-limit, limit)
+def group_metrics(rewards: Tensor, groups: Tensor | int) -> dict[str, float]:
+    """What a group baseline saw: the mean within-group std of the rewards and the number
+    of groups whose rewards are all equal (they carry no signal)."""
+    std = group_std(rewards, groups)
+    return {"reward/group_std": std.mean().item(), "reward/zero_std_groups": float((std == 0).sum().item())}
+
+
+def clip_rewards(rewards: Tensor, limit: float | None = 10.0) -> Tensor:
+    """Step 3: clip r_i to [−limit, limit], applied after the baseline; 0 or None: no clip."""
+    return rewards.clamp(-limit, limit) if limit else rewards
 
 
 # ---------------------------------------------------------------------------------------
@@ -211,19 +259,25 @@ def _token_mean(per_token: Tensor, mask: Tensor, *, token_count: float | None, *
     return masked_sum(per_token, mask) / count
 
 
+def sequence_count(mask: Tensor) -> Tensor:
+    """Rows with at least one action token: the sequences a sequence-mean divides by
+    (a row whose mask is empty contributes nothing and does not count)."""
+    return (mask.sum(-1) > 0).sum()
+
+
 def _seq_mean_token_mean(per_token: Tensor, mask: Tensor, *, seq_count: float | None, **_) -> Tensor:
-    """Σ_i (Σ_t ℓ_{i,t} m_{i,t} / Σ_t m_{i,t}) / (sequences in the optimizer step)."""
-    count = mask.shape[0] if seq_count is None else seq_count
+    """Σ_i (Σ_t ℓ_{i,t} m_{i,t} / Σ_t m_{i,t}) / (non-empty sequences in the optimizer step)."""
+    count = sequence_count(mask).clamp(min=1) if seq_count is None else seq_count
     return masked_mean(per_token, mask, dim=-1).sum() / count
 
 
 def _seq_mean_token_sum_norm(
     per_token: Tensor, mask: Tensor, *, seq_count: float | None, max_len: int | None, **_
 ) -> Tensor:
-    """Dr.GRPO: Σ_i (Σ_t ℓ_{i,t} m_{i,t} / L_max) / (sequences in the optimizer step)."""
+    """Dr.GRPO: Σ_i (Σ_t ℓ_{i,t} m_{i,t} / L_max) / (non-empty sequences in the optimizer step)."""
     if max_len is None:
         raise ValueError("seq_mean_token_sum_norm needs max_len (the generation budget)")
-    count = mask.shape[0] if seq_count is None else seq_count
+    count = sequence_count(mask).clamp(min=1) if seq_count is None else seq_count
     return masked_sum(per_token, mask) / max_len / count
 
 
@@ -247,8 +301,8 @@ def aggregate(
 
     ``mode`` is one of ``AGGREGATIONS``: ``"token_mean"`` (the default, OpenRLHF's),
     ``"seq_mean_token_mean"`` or ``"seq_mean_token_sum_norm"`` (Dr.GRPO). ``token_count``
-    and ``seq_count`` are the action tokens and sequences of the whole optimizer step
-    (all micro-batches, all ranks); ``max_len`` is the constant length normaliser.
+    and ``seq_count`` are the action tokens and the sequences with at least one action
+    token of the whole optimizer step (all micro-batches, all ranks); ``max_len`` is the constant length normaliser.
     """
     if mode not in AGGREGATIONS:
         raise ValueError(f"unknown loss aggregation {mode!r}; choose one of {sorted(AGGREGATIONS)}")
@@ -357,18 +411,75 @@ def token_logprobs(logits: Tensor, labels: Tensor, temperature: float = 1.0) -> 
 
 
 # ---------------------------------------------------------------------------------------
+# Off-policy corrections: w_t = exp(log π_old − log π_rollout), detached, where π_rollout is
+# what the rollout engine reported for the sampled token
+
+
+def _rollout_weights(old_logp: Tensor, rollout_logp: Tensor) -> Tensor:
+    return (_at_least_f32(old_logp) - _at_least_f32(rollout_logp)).detach().clamp(max=80).exp()
+
+
+def rollout_kl(old_logp: Tensor, rollout_logp: Tensor, mask: Tensor) -> Tensor:
+    """vllm_kl: the masked mean of log π_rollout − log π_old."""
+    return masked_mean(_at_least_f32(rollout_logp) - _at_least_f32(old_logp), mask).detach()
+
+
+def tis(per_token: Tensor, old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, low: float, high: float):
+    """Truncated importance sampling: ℓ_t ← clamp(w_t, lo, hi)·ℓ_t. Logs the share of
+    action tokens whose weight was clamped."""
+    w = _rollout_weights(old_logp, rollout_logp)
+    clipped = ((w < low) | (w > high)).to(mask.dtype)
+    return w.clamp(low, high) * per_token, {"correction/clipped_frac": masked_mean(clipped, mask),
+                                            "correction/rollout_kl": rollout_kl(old_logp, rollout_logp, mask)}
+
+
+def icepop(per_token: Tensor, old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, low: float, high: float):
+    """ICEPOP masking: ℓ_t ← w_t·[lo ≤ w_t ≤ hi]·ℓ_t. A weight outside the band (inf
+    included) gives exactly 0, never NaN. Logs the share of action tokens masked."""
+    w = _rollout_weights(old_logp, rollout_logp)
+    keep = (w >= low) & (w <= high)
+    loss = w.where(keep, w.new_zeros(())) * per_token  # zero the weight, not the product: no inf·0
+    return loss, {"correction/masked_frac": masked_mean((~keep).to(mask.dtype), mask),
+                  "correction/rollout_kl": rollout_kl(old_logp, rollout_logp, mask)}
+
+
+def seq_mask_tis(per_token: Tensor, old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, low: float,
+                 high: float):
+    """Sequence-level masked TIS: ℓ_t ← [lo ≤ exp(masked mean_t log w_t) ≤ hi]·w_t·ℓ_t,
+    with the unclamped w_t as OpenRLHF v0.11 does. Logs the share of sequences masked
+    (among those with an action token)."""
+    log_w = (_at_least_f32(old_logp) - _at_least_f32(rollout_logp)).detach()
+    seq_w = masked_mean(log_w, mask, dim=-1).exp()
+    keep = ((seq_w >= low) & (seq_w <= high)).unsqueeze(-1)
+    w = log_w.clamp(max=80).exp()
+    loss = w.where(keep, w.new_zeros(())) * per_token
+    rows = (mask.sum(-1) > 0).to(mask.dtype)
+    return loss, {"correction/masked_seq_frac": masked_mean((~keep.squeeze(-1)).to(mask.dtype), rows),
+                  "correction/rollout_kl": rollout_kl(old_logp, rollout_logp, mask)}
+
+
+# ---------------------------------------------------------------------------------------
 # Preference losses: per-example values, to be averaged over the optimizer step
 
 
 def logsigmoid(x: Tensor) -> Tensor:
-    """log σ(x) = min(x, 0) − log(1 + exp(−|x|)), stable for any x.
+    """log σ(x), stable for any x, with the gradient σ(−x) accurate everywhere.
 
-    min(x, 0) is written as the mean of two forms whose gradients at x = 0 are 1 and 0,
-    so the gradient there is σ(0) = 0.5 as it should be (a bare clamp gives 1, which
-    doubled the first step of DPO, where policy == reference makes z exactly 0).
+    torch's own logsigmoid (imported here, not with the module). Its gradient is exactly
+    σ(0) = 0.5 at x = 0, where policy == reference puts DPO's first step (a bare
+    min(x, 0) gives 1 and doubles that step), and keeps its relative accuracy for large
+    x, where σ(−x) is tiny: writing min(x, 0) as the mean of two clamps, as rlx once did,
+    sums gradient terms of ±½ that cancel to rounding noise there (5% off at x = 16 in
+    float32, exactly 0 at x = 45 in float64).
     """
-    low = 0.5 * (x.clamp(max=0) + (x - x.clamp(min=0)))
-    return low - (-x.abs()).exp().log1p()
+    from torch.nn.functional import logsigmoid as torch_logsigmoid
+
+    return torch_logsigmoid(x)
+
+
+def _smoothed_logistic(logits: Tensor, label_smoothing: float) -> Tensor:
+    """−(1 − ε) log σ(x) − ε log σ(−x): the logistic loss when labels flip with rate ε."""
+    return -(1 - label_smoothing) * logsigmoid(logits) - label_smoothing * logsigmoid(-logits)
 
 
 def implicit_reward(policy_logp: Tensor, ref_logp: Tensor, beta: float) -> Tensor:
@@ -391,15 +502,101 @@ def dpo_loss(
 ) -> Tensor:
     """DPO / cDPO per pair: L = −(1 − ε) log σ(βz) − ε log σ(−βz)."""
     z = _dpo_logits(policy_chosen, policy_rejected, ref_chosen, ref_rejected)
-    return -(1 - label_smoothing) * logsigmoid(beta * z) - label_smoothing * logsigmoid(-beta * z)
+    return _smoothed_logistic(beta * z, label_smoothing)
 
 
 def ipo_loss(
+    policy_chosen: Tensor,
+    policy_rejected: Tensor,
+    ref_chosen: Tensor,
+    ref_rejected: Tensor,
+    beta: float = 0.1,
+    chosen_tokens: Tensor | None = None,
+    rejected_tokens: Tensor | None = None,
+) -> Tensor:
+    """IPO per pair: L = (z − 1/(2β))².
+
+    Given the response lengths ``chosen_tokens`` and ``rejected_tokens``, each log-ratio
+    is divided by its length first (TRL's IPO):
+    z = (log π_c − log π^ref_c)/|y_c| − (log π_r − log π^ref_r)/|y_r|.
+    """
+    if chosen_tokens is None or rejected_tokens is None:
+        z = _dpo_logits(policy_chosen, policy_rejected, ref_chosen, ref_rejected)
+    else:
+        z = ((policy_chosen - ref_chosen) / chosen_tokens.clamp(min=1)
+             - (policy_rejected - ref_rejected) / rejected_tokens.clamp(min=1))
+    return (z - 1 / (2 * beta)) ** 2
+
+
+def hinge_loss(
     policy_chosen: Tensor, policy_rejected: Tensor, ref_chosen: Tensor, ref_rejected: Tensor, beta: float = 0.1
 ) -> Tensor:
-    """IPO per pair: L = (z − 1/(2β))²."""
+    """Hinge (SLiC) per pair: L = max(0, 1 − βz); zero once z ≥ 1/β."""
     z = _dpo_logits(policy_chosen, policy_rejected, ref_chosen, ref_rejected)
-    return (z - 1 / (2 * beta)) ** 2
+    return (1 - beta * z).clamp(min=0)
+
+
+def robust_dpo_loss(
+    policy_chosen: Tensor,
+    policy_rejected: Tensor,
+    ref_chosen: Tensor,
+    ref_rejected: Tensor,
+    beta: float = 0.1,
+    label_smoothing: float = 0.1,
+) -> Tensor:
+    """Robust DPO per pair: L = (−(1 − ε) log σ(βz) + ε log σ(−βz)) / (1 − 2ε), 0 ≤ ε < 1/2.
+
+    Its expectation over labels flipped with probability ε is the DPO loss of the clean
+    labels. Unlike cDPO's, the ε term has a plus sign, so the loss is unbounded below.
+    """
+    if not 0 <= label_smoothing < 0.5:
+        raise ValueError(f"robust DPO needs 0 <= label_smoothing < 0.5, got {label_smoothing}")
+    z = _dpo_logits(policy_chosen, policy_rejected, ref_chosen, ref_rejected)
+    eps = label_smoothing
+    return (-(1 - eps) * logsigmoid(beta * z) + eps * logsigmoid(-beta * z)) / (1 - 2 * eps)
+
+
+# f-DPO: the reward β·f'(u) of an f-divergence f, u = π/π_ref, as a function of log u
+# (constants dropped: they cancel between chosen and rejected)
+F_DIVERGENCES: dict[str, Callable[[Tensor], Tensor]] = {
+    "reverse_kl": lambda log_u: log_u,  # f(u) = u log u, f'(u) = log u + 1: DPO itself
+    "js_divergence": lambda log_u: logsigmoid(log_u),  # f'(u) = log(2u/(1 + u)) = log 2 + log σ(log u)
+}
+
+
+def f_dpo_loss(
+    policy_chosen: Tensor,
+    policy_rejected: Tensor,
+    ref_chosen: Tensor,
+    ref_rejected: Tensor,
+    beta: float = 0.1,
+    divergence: str = "js_divergence",
+) -> Tensor:
+    """f-DPO per pair: L = −log σ(β(f'(u_c) − f'(u_r))), log u = log π − log π_ref summed
+    over the response; ``divergence`` names f' in ``F_DIVERGENCES``. Jensen-Shannon gives
+    L = −log σ(β(log σ(log u_c) − log σ(log u_r))) = −log σ(β(z − softplus(log u_c) + softplus(log u_r))).
+    """
+    if divergence not in F_DIVERGENCES:
+        raise ValueError(f"unknown f-divergence {divergence!r}; choose one of {sorted(F_DIVERGENCES)}")
+    score = F_DIVERGENCES[divergence]
+    return -logsigmoid(beta * (score(policy_chosen - ref_chosen) - score(policy_rejected - ref_rejected)))
+
+
+def simpo_loss(
+    policy_chosen: Tensor,
+    policy_rejected: Tensor,
+    chosen_tokens: Tensor,
+    rejected_tokens: Tensor,
+    beta: float = 2.0,
+    gamma: float = 0.5,
+    label_smoothing: float = 0.0,
+) -> Tensor:
+    """SimPO per pair, with labels flipped at rate ε (TRL's CPO ``simpo`` form):
+    m = β/|y_c|·log π_c − β/|y_r|·log π_r − γ, L = −(1 − ε) log σ(m) − ε log σ(−m).
+    """
+    margin = (beta * policy_chosen / chosen_tokens.clamp(min=1)
+              - beta * policy_rejected / rejected_tokens.clamp(min=1) - gamma)
+    return _smoothed_logistic(margin, label_smoothing)
 
 
 def bt_loss(r_chosen: Tensor, r_rejected: Tensor, margin: Tensor | None = None) -> Tensor:
@@ -433,3 +630,61 @@ def kto_loss(
     loss_d = w_d * (1 - (beta * (policy_logratio - z0)).sigmoid())
     loss_u = w_u * (1 - (beta * (z0 - policy_logratio)).sigmoid())
     return loss_d.where(desirable.bool(), loss_u)
+
+
+def apo_zero_unpaired_loss(
+    policy_logratio: Tensor, desirable: Tensor, beta: float = 0.1, w_d: float = 1.0, w_u: float = 1.0
+) -> Tensor:
+    """APO-zero on unpaired rows, per example: w_d(1 − σ(β·logratio)) if desirable else w_u·σ(β·logratio).
+
+    KTO with its reference point fixed at 0: desirable completions are pushed above the
+    reference's likelihood, undesirable ones below it, with no KL estimate.
+    """
+    value = (beta * policy_logratio).sigmoid()
+    return (w_d * (1 - value)).where(desirable.bool(), w_u * value)
+
+
+def _class_means(step_logratio: Tensor, step_desirable: Tensor) -> tuple[Tensor, Tensor]:
+    """Mean detached logratio of the desirable and of the undesirable rows (0 for a class without rows)."""
+    d = step_desirable.bool()
+    r = step_logratio.detach()
+    return masked_mean(r, d.to(r.dtype)), masked_mean(r, (~d).to(r.dtype))
+
+
+def kto_vanilla_reference_points(step_logratio: Tensor, step_desirable: Tensor) -> tuple[Tensor, Tensor]:
+    """(z_D, z_U): max(0, mean logratio) of the step's desirable rows and of its undesirable
+    rows, detached; a class without rows gives 0."""
+    mean_d, mean_u = _class_means(step_logratio, step_desirable)
+    return mean_d.clamp(min=0), mean_u.clamp(min=0)
+
+
+def kto_vanilla_loss(
+    policy_logratio: Tensor, desirable: Tensor, step_logratio: Tensor, step_desirable: Tensor, beta: float = 0.1
+) -> Tensor:
+    """The first KTO (HALOs' first release, OpenRLHF's ``VanillaKTOLoss``), per example.
+
+    With (z_D, z_U) from ``kto_vanilla_reference_points`` over the step: desirable rows
+    1 − σ(β(logratio − z_U)), undesirable rows 1 − σ(β(z_D − logratio)). As in the
+    original, gradient flows through z_D and z_U: a desirable row's log-ratio moves z_D
+    and with it every undesirable row's loss, and the other way round. Those terms come
+    from the whole step (``step_logratio``: the detached log-ratios of all its rows,
+    ``step_desirable``: their flags) and are added as g·(logratio − sg[logratio]), zero in
+    value, so that summed over the step's micro-batches the gradient is exactly that of
+    the loss on the whole step at once:
+    g = [mean_U ≥ 0]/n_U · Σ_{j desirable} β σ'(β(r_j − z_U)) on an undesirable row,
+    g = −[mean_D ≥ 0]/n_D · Σ_{j undesirable} β σ'(β(z_D − r_j)) on a desirable row
+    (the clamp at 0 passes the gradient at exactly 0, as torch's clamp does).
+    """
+    d_step = step_desirable.bool()
+    r = step_logratio.detach()
+    mean_d, mean_u = _class_means(r, d_step)
+    z_d, z_u = mean_d.clamp(min=0), mean_u.clamp(min=0)
+    v_d = (beta * (r - z_u)).sigmoid()  # the value of each desirable row of the step
+    v_u = (beta * (z_d - r)).sigmoid()  # ... and of each undesirable row
+    pull_u = (beta * v_d * (1 - v_d) * d_step).sum() * (mean_u >= 0) / (~d_step).sum().clamp(min=1)
+    pull_d = -(beta * v_u * (1 - v_u) * ~d_step).sum() * (mean_d >= 0) / d_step.sum().clamp(min=1)
+
+    des = desirable.bool()
+    loss_d = 1 - (beta * (policy_logratio - z_u)).sigmoid()
+    loss_u = 1 - (beta * (z_d - policy_logratio)).sigmoid()
+    return loss_d.where(des, loss_u) + (policy_logratio - policy_logratio.detach()) * pull_d.where(des, pull_u)

@@ -32,6 +32,7 @@ REGISTRIES = {
     "register_algorithms": "algorithm",
     "register_advantage_estimators": "advantage estimator",
     "register_policy_losses": "policy loss",
+    "register_off_policy_corrections": "off-policy correction",
     "register_value_losses": "value loss",
     "register_preference_losses": "preference loss",
     "register_reward_functions": "reward function",

@@ -11,22 +11,32 @@ MASK = torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0], [1.0, 0.0]])  # one pro
 REWARDS = torch.tensor([1.0, 0.0, 0.0, 0.0])
 
 
-def estimate(name, algo):
+def estimate(name, algo, rewards=REWARDS, mask=MASK, group_ids=torch.zeros(4, dtype=torch.long)):
     config = resolve(HOST.algorithms.get(algo), {}).algorithm
     fn = HOST.get("register_advantage_estimators", name)
-    return fn(REWARDS, MASK, kl=None, beta=0.0, values=None, n_samples=4, config=config)
+    return fn(rewards, mask, kl=None, beta=0.0, values=None, group_ids=group_ids, n_samples=4, config=config)
 
 
 def test_group_norm():
     # mean 0.25; unbiased std sqrt((0.75² + 3·0.25²)/3) = 0.5 -> (1.5, -0.5, -0.5, -0.5) on every action token
-    advantages, returns = estimate("group_norm", "grpo")
+    advantages, returns, metrics = estimate("group_norm", "grpo")
     expected = torch.tensor([[1.5, 1.5], [-0.5, 0.0], [-0.5, -0.5], [-0.5, 0.0]])
     assert torch.allclose(advantages, expected, atol=1e-6)
     assert torch.equal(advantages, returns)
+    assert metrics == {"reward/group_std": pytest.approx(0.5), "reward/zero_std_groups": 0.0}
+
+
+def test_groups_come_from_group_ids_not_positions():
+    # two prompts interleaved (ids 7, 3, 7, 3): group 7 has rewards (1, 0), group 3 has (0, 0)
+    rewards = torch.tensor([1.0, 0.0, 0.0, 0.0])
+    advantages, _, metrics = estimate("group_norm", "grpo", rewards, torch.ones(4, 1), torch.tensor([7, 3, 7, 3]))
+    # group 7: mean 0.5, std sqrt(0.5) -> ±0.7071; group 3: all equal -> 0
+    assert torch.allclose(advantages.squeeze(-1), torch.tensor([0.5 ** 0.5, 0.0, -(0.5 ** 0.5), 0.0]), atol=1e-6)
+    assert metrics["reward/zero_std_groups"] == 1.0
 
 
 def test_dr_grpo_has_no_std_division():
-    advantages, _ = estimate("dr_grpo", "dr_grpo")
+    advantages, _, _ = estimate("dr_grpo", "dr_grpo")
     assert torch.allclose(advantages, torch.tensor([[0.75, 0.75], [-0.25, 0.0], [-0.25, -0.25], [-0.25, 0.0]]))
     assert resolve(HOST.algorithms.get("dr_grpo"), {}).algorithm.loss_agg == "seq_mean_token_sum_norm"
 

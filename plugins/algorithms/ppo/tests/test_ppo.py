@@ -13,7 +13,8 @@ def test_gae_with_values():
     # R = [0, 1]; δ_1 = 1 − 0.8 = 0.2, δ_0 = 0.8 − 0.5 = 0.3; A = [0.5, 0.2], returns = A + V = [1, 1]
     mask = torch.ones(1, 2)
     advantages, returns = HOST.get("register_advantage_estimators", "gae")(
-        torch.tensor([1.0]), mask, kl=None, beta=0.0, values=torch.tensor([[0.5, 0.8]]), n_samples=1, config=CONFIG)
+        torch.tensor([1.0]), mask, kl=None, beta=0.0, values=torch.tensor([[0.5, 0.8]]), group_ids=torch.zeros(1, dtype=torch.long),
+        n_samples=1, config=CONFIG)
     assert torch.allclose(returns, torch.tensor([[1.0, 1.0]]))
     assert torch.allclose(advantages, torch.tensor([[1.0, -1.0]]), atol=1e-5)  # [0.5, 0.2] whitened
 

@@ -34,18 +34,18 @@ class GSPOConfig(GRPOConfig):
     loss_agg: LossAgg = opt("seq_mean_token_mean", "GSPO averages per sequence first")
 
 
-def group_norm(rewards, mask, *, kl, beta, values, n_samples, config):
+def group_norm(rewards, mask, *, kl, beta, values, group_ids, config, **_):
     """A_t = Σ_{t'≥t} R_t' with r_i group-normalised (γ = 1)."""
-    r = ops.clip_rewards(ops.group_normalize(rewards, n_samples), config.reward_clip)
+    r = ops.clip_rewards(ops.group_normalize(rewards, group_ids), config.reward_clip)
     advantages = ops.discounted_returns(ops.token_rewards(r, mask, kl, beta), gamma=1.0)
-    return advantages, advantages
+    return advantages, advantages, ops.group_metrics(rewards, group_ids)
 
 
-def dr_grpo(rewards, mask, *, kl, beta, values, n_samples, config):
+def dr_grpo(rewards, mask, *, kl, beta, values, group_ids, config, **_):
     """As GRPO, but r_i − mean_G r: no division by the group's std."""
-    r = ops.clip_rewards(ops.mean_baseline(rewards, n_samples), config.reward_clip)
+    r = ops.clip_rewards(ops.mean_baseline(rewards, group_ids), config.reward_clip)
     advantages = ops.discounted_returns(ops.token_rewards(r, mask, kl, beta), gamma=1.0)
-    return advantages, advantages
+    return advantages, advantages, ops.group_metrics(rewards, group_ids)
 
 
 def gspo(logp, old_logp, advantages, mask, *, config):

@@ -20,7 +20,7 @@ class PPOConfig(OnlineConfig):
     value_clip: float = opt(0.5, "value clip epsilon (0: plain squared error)")
 
 
-def gae(rewards, mask, *, kl, beta, values, n_samples, config):
+def gae(rewards, mask, *, kl, beta, values, config, **_):
     r = ops.clip_rewards(rewards, config.reward_clip)
     advantages, returns = ops.gae(ops.token_rewards(r, mask, kl, beta), values, mask, config.gamma, config.lam)
     return ops.masked_whiten(advantages, mask), returns

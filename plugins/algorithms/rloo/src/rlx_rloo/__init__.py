@@ -19,10 +19,10 @@ class RLOOConfig(OnlineConfig):
             raise ConfigError("rloo needs algorithm.n_samples >= 2 (the baseline leaves one out)")
 
 
-def rloo(rewards, mask, *, kl, beta, values, n_samples, config):
-    r = ops.clip_rewards(ops.rloo_baseline(rewards, n_samples), config.reward_clip)
+def rloo(rewards, mask, *, kl, beta, values, group_ids, config, **_):
+    r = ops.clip_rewards(ops.rloo_baseline(rewards, group_ids), config.reward_clip)
     advantages = ops.discounted_returns(ops.token_rewards(r, mask, kl, beta), gamma=1.0)
-    return advantages, advantages
+    return advantages, advantages, ops.group_metrics(rewards, group_ids)
 
 
 RLOO = AlgorithmSpec(

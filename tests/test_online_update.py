@@ -1,0 +1,95 @@
+"""The online loop's parts on a tiny model: the update's sequence normaliser, the rollout
+engine's log-probs reaching policy losses, the off-policy corrections in a run."""
+
+import json
+
+import pytest
+import torch
+
+from rlx import models, online
+from rlx.config import resolve
+from rlx.engine import make_engine
+from rlx.plugins import build_host
+from rlx.rollout import Completion
+from rlx.run import run
+from rlx.testing import one_thread  # noqa: F401
+
+
+@pytest.fixture(scope="module")
+def host():
+    return build_host()
+
+
+def test_update_does_not_count_a_sequence_without_action_tokens(host, tiny_model_dir):
+    spec = host.algorithms.get("grpo")
+    config = resolve(spec, {"model": {"path": tiny_model_dir}, "training": {"batch_size": 2, "micro_batch_size": 2,
+                                                                            "lr": 0.0},
+                            "algorithm": {"rollout_batch_size": 1, "n_samples": 2,
+                                          "loss_agg": "seq_mean_token_mean"}})
+    a, t, r = config.algorithm, config.training, config.rollout
+    model = models.load_causal_lm(config.model, torch.device("cpu"))
+    actor = make_engine(model, t, total_steps=1, micro_steps_per_step=1)
+    completions = [Completion(0, [5, 6], [-1.0, -1.0], "", "length"), Completion(0, [], [], "", "stop")]
+    exp = online.build_experience([[3, 4], [3, 4]], completions, 0, [1.0, 0.0], [0, 0], torch.device("cpu"))
+    online.score_experience(exp, actor=model, reference=None, critic=None, temperature=1.0, micro=2)
+    exp.advantages = torch.ones_like(exp.action_mask)
+    metrics = online.update(exp, actor, None, host.get("register_policy_losses", "ppo_clip"), None, None,
+                            a, t, r, 0.0, seed=0)
+    # ratio 1, A = 1 on row 0's two tokens: its token mean is −1, and it is the only sequence
+    assert metrics["loss/policy"] == pytest.approx(-1.0)
+
+
+PLUGIN = """
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from rlx import hookimpl
+from rlx.plugins import build_host
+
+SEEN = Path(__file__).with_suffix(".json")
+
+
+def recording(logp, old_logp, advantages, mask, *, config, rollout_logp):
+    gap = ((rollout_logp - old_logp.detach()).abs() * mask).max().item()
+    SEEN.write_text(json.dumps({"shape": list(rollout_logp.shape), "old_shape": list(old_logp.shape), "gap": gap}))
+    return -(logp - logp.detach()).exp() * advantages, {}
+
+
+@hookimpl
+def register_policy_losses(register):
+    register("recording", recording)
+
+
+@hookimpl
+def register_algorithms(register):
+    from rlx_grpo import GRPO
+    register("grpo_recording", replace(GRPO, name="grpo_recording", policy_loss="recording"))
+"""
+
+
+def _train(host, out, algo="grpo", **algorithm):
+    tree = {"output": str(out), "logging": {"progress": False, "tensorboard": False}, "training": {"max_steps": 2, "batch_size": 16, "micro_batch_size": 16},
+            "algorithm": {"eval_size": 4, "rollout_batch_size": 4, "n_samples": 4, **algorithm}}
+    run(resolve(host.algorithms.get(algo), tree), host)
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_policy_loss_gets_the_engines_logprobs(demo_policy, tmp_path):
+    plugin = tmp_path / "recording_loss.py"
+    plugin.write_text(PLUGIN)
+    _train(build_host([str(plugin)]), tmp_path / "run", algo="grpo_recording")
+    seen = json.loads(plugin.with_suffix(".json").read_text())
+    assert seen["shape"] == seen["old_shape"]
+    # the engine sampled with the very weights the old log-probs come from
+    assert seen["gap"] < 1e-4
+
+
+@pytest.mark.parametrize("name,metric", [("tis", "correction/clipped_frac"), ("icepop", "correction/masked_frac"),
+                                         ("seq_mask_tis", "correction/masked_seq_frac")])
+def test_corrections_run_and_log(host, demo_policy, tmp_path, name, metric):
+    rows = _train(host, tmp_path / "run", off_policy_correction=name, correction_low=0.9, correction_high=1.1)
+    last = rows[-1]
+    # on one device the engine samples with the trained weights: nothing is clipped or masked
+    assert last[metric] == pytest.approx(0.0)
+    assert abs(last["correction/rollout_kl"]) < 1e-3
