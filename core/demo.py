@@ -58,7 +58,16 @@ def tiny_arithmetic(target: Path) -> Path:
     print(f"making the demo policy {target} (a one-off SFT of builtin:tiny on {data})")
     settings = {**SFT_SETTINGS, "output": str(work / "run")}
     settings["data"] = {**settings["data"], "path": str(data)}
-    run(resolve(host.algorithms.get("sft"), settings), host)
+    import torch
+
+    # one thread: the same demo policy on every machine (float sums depend on the thread
+    # count), and no slowdown when something else runs on the same cores
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        run(resolve(host.algorithms.get("sft"), settings), host)
+    finally:
+        torch.set_num_threads(threads)
     try:
         os.rename(work / "run" / "final", target)
     except OSError:
