@@ -238,12 +238,19 @@ def _pairs_lm_objective(config: RunConfig, spec: AlgorithmSpec, host, tokenizer,
 def _unpaired_lm_objective(config: RunConfig, spec: AlgorithmSpec, host, tokenizer, device) -> Objective:
     """KTO-style losses on unpaired rows (prompt, completion, desirable flag).
 
-    Before each step's micro-batches, the KL reference point is the detached mean of
-    (policy − reference) summed log-probs on mismatched pairs: the prompt of row i with
-    the completion of row i + 1, rotating over the step's rows (this rank's share).
+    Before each step's micro-batches, ``begin_step`` computes over the step's rows (this
+    rank's share) what the loss's ``step_statistics`` attribute asks for (see
+    ``UnpairedScores``): by default the KL reference point, the detached mean of
+    (policy − reference) summed log-probs on mismatched pairs, the prompt of row i with
+    the completion of row i + 1 rotating over the step's rows; ``"logratios"``: every
+    row's own detached log-ratio; ``"none"``: nothing.
     """
     pad_id = tokenizer.pad_token_id
     preference_loss = _preference_loss(config, spec, host)
+    wants = getattr(preference_loss, "step_statistics", "kl_ref_point")
+    if wants not in ("kl_ref_point", "logratios", "none"):
+        raise RunError(f"algorithm {spec.name!r}: its loss asks for step statistics {wants!r}; the unpaired loop "
+                       f"computes 'kl_ref_point', 'logratios' or 'none'")
     reference = _Reference(config, device)
     micro = config.training.micro_batch_size
     state: dict[str, Any] = {}
@@ -264,29 +271,39 @@ def _unpaired_lm_objective(config: RunConfig, spec: AlgorithmSpec, host, tokeniz
 
     @torch.no_grad()
     def begin_step(model, rows):
-        if len(rows) < 2:
-            raise RunError(
-                f"algorithm {spec.name!r}: a step of {len(rows)} row(s) cannot form the mismatched prompt/completion "
-                f"pairs of the KL reference point; use at least 2 rows per step and rank "
-                f"(training.batch_size={config.training.batch_size})")
-        total = 0.0
-        for start in range(0, len(rows), micro):
-            chunk = range(start, min(start + micro, len(rows)))
-            prompts = [rows[i]["prompt_ids"] for i in chunk]
-            completions = [rows[(i + 1) % len(rows)]["completion_ids"] for i in chunk]
-            policy, ref, _ = logratio(model, prompts, completions)
-            total += (policy - ref).sum().item()
-        state["kl_ref_point"] = total / len(rows)
+        state.clear()
+        if wants == "kl_ref_point":
+            if len(rows) < 2:
+                raise RunError(
+                    f"algorithm {spec.name!r}: a step of {len(rows)} row(s) cannot form the mismatched "
+                    f"prompt/completion pairs of the KL reference point; use at least 2 rows per step and rank "
+                    f"(training.batch_size={config.training.batch_size})")
+            total = 0.0
+            for start in range(0, len(rows), micro):
+                chunk = range(start, min(start + micro, len(rows)))
+                prompts = [rows[i]["prompt_ids"] for i in chunk]
+                completions = [rows[(i + 1) % len(rows)]["completion_ids"] for i in chunk]
+                policy, ref, _ = logratio(model, prompts, completions)
+                total += (policy - ref).sum().item()
+            state["kl_ref_point"] = torch.tensor(total / len(rows), device=device)
+        elif wants == "logratios":
+            parts = []
+            for chunk in _micro_batches(rows, micro):
+                policy, ref, _ = logratio(model, [r["prompt_ids"] for r in chunk], [r["completion_ids"] for r in chunk])
+                parts.append(policy - ref)
+            state["step_logratio"] = torch.cat(parts)
+            state["step_desirable"] = torch.tensor([r["desirable"] for r in rows], device=device)
         state["desirable_share"] = sum(r["desirable"] for r in rows) / len(rows)
 
     def loss(model, rows, normaliser):
-        if "kl_ref_point" not in state:
+        if "desirable_share" not in state:
             raise RunError("internal: the unpaired objective's step statistics were not computed")
         policy, ref, tokens = logratio(model, [r["prompt_ids"] for r in rows], [r["completion_ids"] for r in rows])
         scores = UnpairedScores(
-            logratio=policy - ref, kl_ref_point=torch.tensor(state["kl_ref_point"], device=device),
+            logratio=policy - ref, kl_ref_point=state.get("kl_ref_point"),
             desirable=torch.tensor([r["desirable"] for r in rows], device=device),
-            policy=policy, reference=ref, tokens=tokens, desirable_share=state["desirable_share"])
+            policy=policy, reference=ref, tokens=tokens, desirable_share=state["desirable_share"],
+            step_logratio=state.get("step_logratio"), step_desirable=state.get("step_desirable"))
         per_example, metrics = preference_loss(scores, config=config.algorithm)
         return per_example.sum() / normaliser, {"loss": per_example.sum().item() / normaliser,
                                                 **{k: v.sum().item() / normaliser for k, v in metrics.items()}}

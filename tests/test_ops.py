@@ -297,6 +297,18 @@ def test_logsigmoid():
     close(ops.logsigmoid(y), torch.nn.functional.logsigmoid(y), atol=1e-12)
 
 
+@pytest.mark.parametrize("x, dtype", [(0.0, torch.float32), (0.0, torch.float64), (16.0, torch.float32),
+                                      (45.0, torch.float64), (-30.0, torch.float32), (-30.0, torch.float64)])
+def test_logsigmoid_gradient_is_sigma_of_minus_x(x, dtype):
+    # d/dx log σ(x) = σ(−x) = 1/(1 + e^x): exactly 0.5 at 0, tiny but not 0 for large x
+    point = torch.tensor(x, dtype=dtype, requires_grad=True)
+    ops.logsigmoid(point).backward()
+    exact = 1 / (1 + math.exp(x))
+    assert point.grad.item() == pytest.approx(exact, rel=1e-6 if dtype == torch.float32 else 1e-12, abs=0)
+    if x == 0.0:
+        assert point.grad.item() == 0.5
+
+
 def test_dpo_and_ipo():
     # z = (-1 - -3) - (-2 - -2.5) = 1.5, β = 0.1 -> βz = 0.15
     args = t([-1.0]), t([-3.0]), t([-2.0]), t([-2.5])

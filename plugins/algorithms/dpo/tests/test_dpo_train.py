@@ -10,6 +10,7 @@ the hedged right answer or a near-miss number.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -93,3 +94,16 @@ def test_bad_pairs_are_named_by_the_cli(tmp_path, bad, message):
     assert result.returncode == 1, result.stderr
     assert f"{path} {message}" in result.stderr
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize("algo, settings, first_loss", [
+    ("hinge", {}, 1.0),                                    # z = 0 at the start: max(0, 1 − 0)
+    ("robust_dpo", {}, 0.6931),                            # ((1 − ε) − ε)·log 2 / (1 − 2ε) = log 2
+    ("fdpo", {}, 0.6931),                                  # log σ(0) − log σ(0) = 0: −log σ(0)
+    ("ipo", {"algorithm.length_normalize": True}, 25.0),   # z = 0 however it is normalised: 1/(4·0.1²)
+])
+def test_dpo_family_runs(tmp_path, algo, settings, first_loss):
+    rows = train(tmp_path / "run", algo, **{**SHORT, "training.max_steps": 2, **settings})
+    assert len(rows) == 2 and all(math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]) for r in rows)
+    assert rows[0]["loss"] == pytest.approx(first_loss, abs=1e-3)
+    assert math.isfinite(rows[-1]["eval/loss"]) and "eval/accuracy" in rows[-1]

@@ -8,6 +8,7 @@ the right number but mostly hedges it ("17?"), which exact match counts as wrong
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -19,12 +20,12 @@ from rlx.tasks import HEDGE
 from rlx.testing import QUIET, greedy_accuracy, one_thread  # noqa: F401
 
 
-def train(out: Path, **settings) -> list[dict]:
+def train(out: Path, algo: str = "kto", **settings) -> list[dict]:
     host = get_host()
     tree: dict = {"output": str(out)}
     for key, value in {**QUIET, **settings}.items():
         set_dotted(tree, key, value)
-    run(resolve(host.algorithms.get("kto"), tree), host)
+    run(resolve(host.algorithms.get(algo), tree), host)
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
@@ -54,3 +55,26 @@ def test_micro_batching_does_not_change_the_step(tmp_path):
     four = train(tmp_path / "four", **short, **{"training.micro_batch_size": 2})
     for key in ("loss", "grad_norm", "kl_estimate"):
         assert four[0][key] == pytest.approx(one[0][key], abs=1e-5), key
+
+
+SHORT = {"data.builtin_size": 64, "data.eval_size": 8, "training.batch_size": 8, "training.max_steps": 2,
+         "checkpoint.save_final": False}
+
+
+@pytest.mark.parametrize("algo", ["kto_vanilla", "apo_zero_unpaired"])
+def test_variants_run(tmp_path, algo):
+    rows = train(tmp_path / "run", algo, **SHORT, **{"training.micro_batch_size": 8})
+    assert len(rows) == 2 and all(math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]) for r in rows)
+    # policy == reference: every logratio 0 and every reference point 0, so each row's loss is 1 − σ(0) or σ(0)
+    assert rows[0]["loss"] == pytest.approx(0.5, abs=1e-4) and rows[0]["accuracy"] == 0.5
+    assert math.isfinite(rows[-1]["eval/loss"]) and "kl_ref_point" not in rows[0]
+
+
+def test_kto_vanilla_micro_batching_does_not_change_the_step(tmp_path):
+    # the class means are taken over the whole step, and so is their share of the gradient; the second step
+    # (log-ratios no longer 0) is where means over micro-batches would differ from means over the step
+    one = train(tmp_path / "one", "kto_vanilla", **SHORT, **{"training.micro_batch_size": 8})
+    four = train(tmp_path / "four", "kto_vanilla", **SHORT, **{"training.micro_batch_size": 2})
+    assert one[1]["ref_point/undesirable"] != 0.0
+    for key in ("loss", "grad_norm", "ref_point/desirable", "ref_point/undesirable", "eval/loss"):
+        assert four[1][key] == pytest.approx(one[1][key], abs=1e-5), key

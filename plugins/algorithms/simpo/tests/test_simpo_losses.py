@@ -49,3 +49,42 @@ def test_length_normalisation():
 def test_gamma_is_a_margin():
     loss, _ = simpo(scores(-2.0, 2, -2.0, 2), config=SimpleNamespace(beta=2.0, gamma=1.0))
     assert loss.item() == pytest.approx(math.log1p(math.exp(1.0)), abs=1e-9)  # −log σ(−1)
+
+
+# --- label smoothing and CPO-SimPO ------------------------------------------------------------------------------
+
+from rlx_simpo import CPO_SIMPO, CPOSimPOConfig, cpo_simpo  # noqa: E402
+
+
+def test_label_smoothing_defaults_to_the_papers_loss():
+    assert SimPOConfig().label_smoothing == 0.0
+    plain, _ = simpo(scores(-4.0, 2, -9.0, 3), config=SimpleNamespace(beta=2.0, gamma=0.5))
+    zero, _ = simpo(scores(-4.0, 2, -9.0, 3), config=SimpleNamespace(beta=2.0, gamma=0.5, label_smoothing=0.0))
+    assert zero.item() == plain.item()
+
+
+def test_label_smoothing_by_hand():
+    # m = 1.5 as in test_simpo_by_hand; ε = 0.1: 0.9·log(1 + e^−1.5) + 0.1·log(1 + e^1.5)
+    loss, _ = simpo(scores(-4.0, 2, -9.0, 3), config=SimpleNamespace(beta=2.0, gamma=0.5, label_smoothing=0.1))
+    assert loss.item() == pytest.approx(0.9 * math.log1p(math.exp(-1.5)) + 0.1 * math.log1p(math.exp(1.5)), abs=1e-9)
+    assert loss.item() == pytest.approx(0.9 * 0.2014133 + 0.1 * 1.7014133, abs=1e-6)
+
+
+def test_cpo_simpo_by_hand():
+    assert (CPOSimPOConfig().beta, CPOSimPOConfig().gamma, CPOSimPOConfig().cpo_alpha) == (2.0, 0.5, 1.0)
+    assert CPO_SIMPO.needs_reference is False
+    cfg = SimpleNamespace(beta=2.0, gamma=0.5, label_smoothing=0.0, cpo_alpha=0.5)
+    # SimPO part log(1 + e^−1.5) = 0.2014133; chosen NLL per token = 4/2 = 2; α = 0.5
+    loss, metrics = cpo_simpo(scores(-4.0, 2, -9.0, 3), config=cfg)
+    assert loss.item() == pytest.approx(math.log1p(math.exp(-1.5)) + 0.5 * 2.0, abs=1e-9)
+    assert metrics["nll"].item() == pytest.approx(2.0)
+    assert metrics["reward/margin"].item() == pytest.approx(2.0)
+    # a given chosen NLL is used as it is
+    s = scores(-4.0, 2, -9.0, 3)
+    s.chosen_nll = torch.tensor([3.0], dtype=torch.float64)
+    assert cpo_simpo(s, config=cfg)[0].item() == pytest.approx(math.log1p(math.exp(-1.5)) + 1.5, abs=1e-9)
+    # the NLL term pulls the chosen log-prob up by α per token on top of SimPO's push: d/dchosen = −β/2·σ(−1.5) − α/2
+    s = scores(-4.0, 2, -9.0, 3)
+    s.chosen.requires_grad_(True)
+    cpo_simpo(s, config=cfg)[0].sum().backward()
+    assert s.chosen.grad.item() == pytest.approx(-(2.0 / 2) / (1 + math.exp(1.5)) - 0.5 / 2, abs=1e-9)

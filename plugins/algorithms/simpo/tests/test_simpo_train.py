@@ -1,8 +1,11 @@
-"""SimPO end to end: the demo settings teach the demo policy to stop hedging."""
+"""SimPO end to end: the demo settings teach the demo policy to stop hedging; CPO-SimPO and label smoothing run."""
 
 from __future__ import annotations
 
 import json
+import math
+
+import pytest
 
 from rlx.config import resolve, set_dotted
 from rlx.plugins import get_host
@@ -25,3 +28,26 @@ def test_defaults_learn_the_preference(tmp_path):
     assert len(evals) == 2 and evals[-1] >= 0.9, evals
     assert greedy_accuracy("builtin:tiny-arithmetic") == 0.0
     assert greedy_accuracy(str(tmp_path / "run" / "final")) >= 0.9
+
+
+def _short_run(out, algo, **settings):
+    tree: dict = {"output": str(out)}
+    short = {"data.builtin_size": 64, "data.eval_size": 8, "training.batch_size": 8, "training.micro_batch_size": 8,
+             "training.max_steps": 2, "checkpoint.save_final": False}
+    for key, value in {**QUIET, **short, **settings}.items():
+        set_dotted(tree, key, value)
+    host = get_host()
+    run(resolve(host.algorithms.get(algo), tree), host)
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_cpo_simpo_and_label_smoothing_run(tmp_path):
+    plain = _short_run(tmp_path / "simpo", "simpo")
+    smoothed = _short_run(tmp_path / "smoothed", "simpo", **{"algorithm.label_smoothing": 0.1})
+    cpo = _short_run(tmp_path / "cpo", "cpo_simpo")
+    for rows in (plain, smoothed, cpo):
+        assert len(rows) == 2 and all(math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]) for r in rows)
+    assert smoothed[0]["loss"] != plain[0]["loss"]
+    # the same first step: CPO-SimPO adds α·NLL (α = 1) to SimPO's loss
+    assert cpo[0]["loss"] == pytest.approx(plain[0]["loss"] + cpo[0]["nll"], abs=1e-5)
+    assert not (tmp_path / "cpo" / "reference_logps.pt").exists()

@@ -1,16 +1,39 @@
-"""Kahneman-Tversky optimisation on unpaired completions with a desirable flag.
+"""Kahneman-Tversky optimisation and its relatives on unpaired completions with a desirable flag.
 
-With logratio = log π − log π_ref summed over the completion and z_0 = max(0, mean
-logratio on mismatched prompt/completion pairs of the step), detached:
-L_d = w_d(1 − σ(β(logratio − z_0))) for desirable rows, L_u = w_u(1 − σ(β(z_0 −
-logratio))) for undesirable ones. Logged: ``reward/desirable``, ``reward/undesirable``
-(mean implicit reward β·logratio over the rows of each kind), ``kl_ref_point`` (z_0),
-``kl_estimate`` (the mismatched-pair mean before the clamp at 0) and ``accuracy``: the
-share of rows on the side of the reference point their label asks for, logratio above
-the unclamped estimate for desirable rows and below it for undesirable ones (a tie, as
-before any update, counts one half). The unclamped estimate is the threshold because it
-moves with whatever the policy shifts for every completion alike (say, the probability
-of ending a response), which says nothing about telling good from bad ones.
+logratio = log π − log π_ref summed over the completion; each loss is averaged over the
+rows of the optimizer step.
+
+- ``kto`` (Ethayarajh et al. 2024, the paper's loss; TRL's ``KTOConfig(loss_type="kto")``,
+  OpenRLHF's ``KTOLoss``): with z_0 = max(0, mean logratio on mismatched prompt/completion
+  pairs of the step), detached, L_d = w_d(1 − σ(β(logratio − z_0))) for desirable rows and
+  L_u = w_u(1 − σ(β(z_0 − logratio))) for undesirable ones.
+- ``kto_vanilla``: the first KTO, of the HALOs report and code before the paper
+  (OpenRLHF's ``VanillaKTOLoss``, TRL's former DPO ``loss_type="kto_pair"``). It differs
+  from ``kto`` in exactly three ways: (1) the reference point is no mismatched-pair KL
+  estimate but the other class's mean: desirable rows are compared with
+  z_U = max(0, mean logratio of the step's undesirable rows), undesirable ones with
+  z_D = max(0, mean logratio of its desirable rows); (2) gradient flows through z_D and
+  z_U (``kto`` detaches z_0); (3) no class weights (w_d = w_u = 1). The original samples
+  as many desirable as undesirable rows per batch; here a step takes the rows it gets,
+  and a class with no rows in the step gives reference point 0. It needs no
+  mismatched-pair forward passes, but one pass over the step's rows before its
+  micro-batches for the class means (so micro-batching never changes the update).
+- ``apo_zero_unpaired`` (APO-zero for unpaired data, D'Oosterlinck et al. 2024; TRL's
+  ``KTOConfig(loss_type="apo_zero_unpaired")``): L_d = w_d(1 − σ(β·logratio)),
+  L_u = w_u·σ(β·logratio): KTO with its reference point fixed at 0, for completions
+  known to be better (desirable) than the model's own; no KL estimate is computed.
+
+TRL's ``KTOConfig(beta, desirable_weight, undesirable_weight)`` are ``algorithm.beta``,
+``algorithm.desirable_weight``, ``algorithm.undesirable_weight``. Logged:
+``reward/desirable``, ``reward/undesirable`` (mean implicit reward β·logratio over the
+rows of each kind) and ``accuracy``: the share of rows on the side of their reference
+point that their label asks for (a tie, as before any update, counts one half). For
+``kto`` that point is the unclamped mismatched-pair estimate, also logged as
+``kl_estimate`` beside ``kl_ref_point`` (z_0): it moves with whatever the policy shifts
+for every completion alike (say, the probability of ending a response), which says
+nothing about telling good from bad ones. For ``kto_vanilla`` it is z_U for desirable
+rows and z_D for undesirable ones, logged as ``ref_point/desirable`` and
+``ref_point/undesirable``; for ``apo_zero_unpaired`` it is 0.
 """
 
 from dataclasses import dataclass
@@ -29,45 +52,84 @@ class KTOConfig:
     undesirable_weight: float = opt(1.0, "w_u: weight of the undesirable rows' loss")
 
 
+@dataclass
+class VanillaKTOConfig:
+    beta: float = opt(0.1, "β: scale of the implicit reward")
+
+
 def kto(scores, *, config):
     desirable = scores.desirable.bool()
     loss = ops.kto_loss(scores.logratio, scores.kl_ref_point, desirable, beta=config.beta,
                         w_d=config.desirable_weight, w_u=config.undesirable_weight)
-    reward = (config.beta * scores.logratio).detach()
-    share = scores.desirable_share
-    zero = reward * 0
     estimate = scores.kl_ref_point.detach()
-    logratio = scores.logratio.detach()
-    right = ((logratio > estimate) & desirable) | ((logratio < estimate) & ~desirable)
-    metrics = {
-        "accuracy": right.float() + 0.5 * (logratio == estimate).float(),
-        # per-row shares of a class mean: summed over the step they give the mean over that class
-        "reward/desirable": (reward / max(share, 1e-12)).where(desirable, zero),
-        "reward/undesirable": zero.where(desirable, reward / max(1 - share, 1e-12)),
-        "kl_ref_point": zero + estimate.clamp(min=0),
-        "kl_estimate": zero + estimate,
-    }
+    zero = scores.logratio.detach() * 0
+    metrics = {**_class_rewards(scores, config), "accuracy": _accuracy(scores, estimate, estimate),
+               "kl_ref_point": zero + estimate.clamp(min=0), "kl_estimate": zero + estimate}
     return loss, metrics
 
 
-KTO = AlgorithmSpec(
-    name="kto",
-    description="Kahneman-Tversky optimisation on unpaired desirable/undesirable completions",
-    loop="offline",
-    config=KTOConfig,
-    data="unpaired",
-    head="lm",
-    preference_loss="kto",
-    needs_reference=True,
-    defaults=DEMO_DEFAULTS,
-)
+def kto_vanilla(scores, *, config):
+    if scores.step_logratio is None:
+        raise ValueError("kto_vanilla needs the log-ratios of the whole step (scores.step_logratio)")
+    desirable = scores.desirable.bool()
+    loss = ops.kto_vanilla_loss(scores.logratio, desirable, scores.step_logratio, scores.step_desirable,
+                                beta=config.beta)
+    z_d, z_u = ops.kto_vanilla_reference_points(scores.step_logratio, scores.step_desirable)
+    zero = scores.logratio.detach() * 0
+    metrics = {**_class_rewards(scores, config), "accuracy": _accuracy(scores, z_u, z_d),
+               "ref_point/desirable": zero + z_u, "ref_point/undesirable": zero + z_d}
+    return loss, metrics
+
+
+def apo_zero_unpaired(scores, *, config):
+    loss = ops.apo_zero_unpaired_loss(scores.logratio, scores.desirable, beta=config.beta,
+                                      w_d=config.desirable_weight, w_u=config.undesirable_weight)
+    return loss, {**_class_rewards(scores, config), "accuracy": _accuracy(scores, 0.0, 0.0)}
+
+
+# What the unpaired loop computes over the whole step before its micro-batches (rlx.algorithm.UnpairedScores)
+kto.step_statistics = "kl_ref_point"
+kto_vanilla.step_statistics = "logratios"
+apo_zero_unpaired.step_statistics = "none"
+
+
+def _class_rewards(scores, config):
+    """Per-row shares of the mean implicit reward of each class: summed over the step they give the class means."""
+    reward = (config.beta * scores.logratio).detach()
+    desirable, share, zero = scores.desirable.bool(), scores.desirable_share, reward * 0
+    return {"reward/desirable": (reward / max(share, 1e-12)).where(desirable, zero),
+            "reward/undesirable": zero.where(desirable, reward / max(1 - share, 1e-12))}
+
+
+def _accuracy(scores, above, below):
+    """1 where a desirable row's logratio is above ``above`` or an undesirable row's below ``below``; ties 0.5."""
+    logratio, desirable = scores.logratio.detach(), scores.desirable.bool()
+    right = ((logratio > above) & desirable) | ((logratio < below) & ~desirable)
+    tie = (logratio == above).where(desirable, logratio == below)
+    return right.float() + 0.5 * tie.float()
+
+
+def _spec(name, description, config):
+    return AlgorithmSpec(name=name, description=description, loop="offline", config=config, data="unpaired",
+                         head="lm", preference_loss=name, needs_reference=True, defaults=DEMO_DEFAULTS)
+
+
+KTO = _spec("kto", "Kahneman-Tversky optimisation on unpaired desirable/undesirable completions", KTOConfig)
+KTO_VANILLA = _spec("kto_vanilla", "The first KTO: each class measured against the other class's mean log-ratio",
+                    VanillaKTOConfig)
+APO_ZERO_UNPAIRED = _spec("apo_zero_unpaired", "APO-zero on unpaired completions: KTO with the reference point at 0",
+                          KTOConfig)
 
 
 @hookimpl
 def register_algorithms(register):
     register("kto", KTO)
+    register("kto_vanilla", KTO_VANILLA)
+    register("apo_zero_unpaired", APO_ZERO_UNPAIRED)
 
 
 @hookimpl
 def register_preference_losses(register):
     register("kto", kto)
+    register("kto_vanilla", kto_vanilla)
+    register("apo_zero_unpaired", apo_zero_unpaired)
