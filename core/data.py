@@ -16,6 +16,7 @@ Four row formats, named by ``task_format``:
 
 from __future__ import annotations
 
+import codecs
 import functools
 import json
 from dataclasses import dataclass
@@ -137,6 +138,7 @@ def _file_rows(path: Path, cfg: DataConfig) -> RowSource:
 
     options = {}
     if kind == "csv":
+        _check_utf8(path)  # datasets would report a bad byte as a bare UnicodeDecodeError, with no place
         # CSV has no types: keep text columns as text, or an answer "68" becomes 68.0.
         text = (cfg.prompt_key, cfg.response_key, cfg.label_key, cfg.chosen_key, cfg.rejected_key, cfg.completion_key)
         options["converters"] = dict.fromkeys(text, str)
@@ -147,8 +149,45 @@ def _file_rows(path: Path, cfg: DataConfig) -> RowSource:
     return RowSource(str(path), ds)
 
 
+def _decode_utf8(path: Path) -> str:
+    """The text of ``path``, a leading byte-order mark dropped; bytes that are not UTF-8
+    are a ``DataError`` naming the line and byte offset where they start."""
+    raw = path.read_bytes()
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise _utf8_error(path, e, offset=0, lines=0) from e
+
+
+def _check_utf8(path: Path, chunk_size: int = 1 << 20) -> None:
+    """``_decode_utf8`` without holding the file: for files that ``datasets`` reads."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset = lines = 0  # bytes and new lines before the chunk
+    with path.open("rb") as f:
+        while True:
+            chunk = f.read(chunk_size)
+            try:
+                decoder.decode(chunk, final=not chunk)
+            except UnicodeDecodeError as e:
+                # e.object is the chunk after the bytes of a character the last chunk cut short
+                raise _utf8_error(path, e, offset - (len(e.object) - len(chunk)), lines) from e
+            if not chunk:
+                return
+            offset += len(chunk)
+            lines += chunk.count(b"\n")
+
+
+def _utf8_error(path: Path, e: UnicodeDecodeError, offset: int, lines: int) -> DataError:
+    """``e`` raised on bytes that start ``offset`` bytes and ``lines`` new lines into ``path``."""
+    line = lines + e.object.count(b"\n", 0, e.start) + 1
+    bad = e.object[e.start:e.end]
+    what = f"byte{'s' if len(bad) > 1 else ''} {bad.hex(' ')}"
+    return DataError(f"{path} line {line}: not valid UTF-8 ({what} at byte offset {offset + e.start}: "
+                     f"{e.reason}); save the file as UTF-8")
+
+
 def _json_rows(path: Path) -> RowSource:
-    text = path.read_text(encoding="utf-8")
+    text = _decode_utf8(path)
     if path.suffix.lower() == ".json":
         try:
             data = json.loads(text)
@@ -158,7 +197,8 @@ def _json_rows(path: Path) -> RowSource:
         else:
             return RowSource(str(path), _json_records(data, path))
     rows, numbers = [], []
-    for number, line in enumerate(text.splitlines(), 1):
+    # split at "\n" only: str.splitlines also splits at U+2028 and others, which JSON strings may hold
+    for number, line in enumerate(text.split("\n"), 1):
         if not line.strip():
             continue
         try:

@@ -124,6 +124,55 @@ def test_csv_and_parquet_through_datasets(tmp_path):
                              f"{tmp_path / name} row 2: key 'completion' is null")
 
 
+GOOD_LINE = '{"prompt": "1+1=", "response": "2"}\n'
+
+
+@pytest.mark.parametrize("name, text, line, offset", [
+    # a Latin-1 "é" on line 3 of JSON lines
+    ("latin1.jsonl", GOOD_LINE * 2 + '{"prompt": "caf\xe9", "response": "x"}\n', 3, 2 * len(GOOD_LINE) + 15),
+    # a stray byte inside a JSON document
+    ("doc.json", '[{"prompt": "a", "response": "b"},\n {"prompt": "\xff", "response": "b"}]', 2, 48),
+    # a multi-byte character cut short on the last line of a CSV file
+    ("cut.csv", "prompt,response\n1+1=,2\n2+2=,\xe2\x82", 3, 28),
+], ids=["jsonl", "json", "csv"])
+def test_invalid_utf8_names_file_line_and_offset(tmp_path, name, text, line, offset):
+    path = tmp_path / name
+    path.write_bytes(text.encode("latin-1"))
+    with pytest.raises(DataError) as e:
+        load(path)
+    message = str(e.value)
+    assert message.startswith(f"{path} line {line}: not valid UTF-8 (")
+    assert f"at byte offset {offset}:" in message and "save the file as UTF-8" in message
+    assert isinstance(e.value.__cause__, UnicodeDecodeError)
+
+
+def test_utf8_check_finds_the_same_place_across_chunks(tmp_path):
+    # "é" is two bytes: small chunks cut characters in two, and the bad byte's place must
+    # still count from the start of the file
+    raw = "prompt,response\ncafé,é\n".encode() * 5 + b"bad,\xe9x\n" + "é\n".encode()
+    path = tmp_path / "d.csv"
+    path.write_bytes(raw)
+    with pytest.raises(DataError) as whole:
+        data._decode_utf8(path)
+    offset = raw.index(b"bad,") + 4
+    assert f"line 11: not valid UTF-8 (byte e9 at byte offset {offset}:" in str(whole.value)
+    for size in (1, 2, 3, 7, 1 << 20):
+        with pytest.raises(DataError) as chunked:
+            data._check_utf8(path, chunk_size=size)
+        assert str(chunked.value) == str(whole.value)
+    path.write_bytes("é\n".encode() * 9)
+    data._check_utf8(path, chunk_size=3)  # good text split mid-character passes
+
+
+def test_utf8_bom_and_line_separators_in_json_lines(tmp_path):
+    # a byte-order mark is no row; U+2028 inside a string is no line break
+    path = tmp_path / "d.jsonl"
+    rows = [{"prompt": "a\u2028b", "response": "c"}, {"prompt": "d", "response": "e"}]
+    path.write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode())
+    source = load(path)
+    assert list(source.rows) == rows and source.numbers == [1, 2]
+
+
 def test_save_to_disk_folder_picks_the_split(tmp_path):
     rows = [{"prompt": f"{i}+0=", "label": str(i)} for i in range(4)]
     datasets.DatasetDict({"train": datasets.Dataset.from_list(rows[:3]),
