@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import os
+import re
 from pathlib import Path
 
 import torch
@@ -65,13 +66,44 @@ def attn_implementation(name: str, device: torch.device | str | None = None) -> 
 
 
 def resolve_path(path: str | Path) -> str:
-    """A model folder or hub name; ``builtin:NAME`` is made locally by ``rlx.tiny``."""
+    """A model folder or hub name; ``builtin:NAME`` is made locally by ``rlx.tiny``.
+
+    A path that names no local folder and cannot be a hub name (an absolute path, one
+    starting with ``./``, ``../`` or ``~``, or more than one ``/``) fails here with
+    ``ModelError``, rather than with the hub's rules for repository names.
+    """
     path = str(path)
     if path.startswith("builtin:"):
         from rlx import tiny
 
         return str(tiny.builtin_model(path))
-    return path
+    local = Path(path).expanduser()
+    if local.is_file():
+        raise ModelError(f"model path {path!r} is a file; give the folder that holds config.json and the weights")
+    if not local.exists() and not _could_be_hub_name(path):
+        raise ModelError(f"model folder {path!r} does not exist (and it is not a hub name)")
+    return str(local) if path.startswith("~") else path  # transformers does not expand ~
+
+
+# A hub name is "name" or "owner/name": letters, digits, "-", "_" and "." (see
+# huggingface_hub's validate_repo_id), at most 96 characters.
+_HUB_PART = r"\w(?:[\w.-]*\w)?"
+_HUB_NAME = re.compile(rf"^(?:{_HUB_PART}/)?{_HUB_PART}$")
+
+
+def _could_be_hub_name(path: str) -> bool:
+    if os.path.isabs(path) or path.startswith("~") or (os.sep != "/" and os.sep in path):
+        return False
+    return bool(_HUB_NAME.match(path)) and len(path) <= 96 and "--" not in path and ".." not in path
+
+
+def _check_model_folder(source: str) -> None:
+    """A local folder must hold a config.json: without one nothing can be loaded from it."""
+    local = Path(source).expanduser()
+    if local.is_dir() and not (local / "config.json").is_file():
+        raise ModelError(
+            f"model folder {source!r} holds no config.json, so it is not a Hugging Face model folder "
+            f"(a folder written by save_pretrained, such as a run's final/)")
 
 
 def load_tokenizer(path: str | Path):
@@ -82,7 +114,9 @@ def load_tokenizer(path: str | Path):
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
     except (OSError, ValueError) as e:
-        raise ModelError(f"cannot load a tokenizer from {source!r}: {e}") from e
+        _check_model_folder(source)  # a folder without config.json: say that, not why the tokenizer failed
+        where = "" if Path(source).exists() else "no such local folder, and loading it from the hub failed: "
+        raise ModelError(f"cannot load a tokenizer from {source!r}: {where}{e}") from e
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
             raise ModelError(f"the tokenizer of {source!r} has neither a pad nor an eos token")
@@ -92,6 +126,7 @@ def load_tokenizer(path: str | Path):
 
 def _from_pretrained(auto_class, cfg: ModelConfig, device: torch.device, path: str | None, **kwargs):
     source = resolve_path(path or cfg.path)
+    _check_model_folder(source)
     try:
         model = auto_class.from_pretrained(
             source,
@@ -101,7 +136,7 @@ def _from_pretrained(auto_class, cfg: ModelConfig, device: torch.device, path: s
             **kwargs,
         )
     except (OSError, ValueError) as e:
-        where = "folder" if Path(source).exists() else "path (not a local folder, and not loadable as a hub name)"
+        where = "folder" if Path(source).expanduser().exists() else "name (no such local folder, and not loadable from the hub)"
         raise ModelError(f"cannot load model {source!r}: bad model {where}: {e}") from e
     return model.to(device)
 

@@ -78,9 +78,41 @@ def test_missing_data_file_is_named(train, tmp_path):
     _assert_nothing_trained(tmp_path / "run")
 
 
+def test_invalid_utf8_in_a_data_file_is_named(train, tmp_path):
+    lines = [line.encode() for line in _rows()]
+    lines[4] = '{"prompt": "caf\xe9 1+2=", "response": "3"}'.encode("latin-1")  # line 5: Latin-1, not UTF-8
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    result = train(path)
+    offset = sum(len(line) + 1 for line in lines[:4]) + len('{"prompt": "caf')
+    _assert_clear_error(result, f"{path} line 5: not valid UTF-8", f"byte offset {offset}")
+    assert "demo settings" not in result.stdout  # the user's own data takes none of sft's demo settings
+    _assert_nothing_trained(tmp_path / "run")
+
+
 def test_wrong_model_path_is_named(tmp_path):
     path = tmp_path / "no-such-model"
     result = rlx("train", "--algo", "sft", "--model", str(path), "--output", str(tmp_path / "run"),
                  "--max-steps", "1", *cli_args())
     _assert_clear_error(result, str(path))
+    _assert_nothing_trained(tmp_path / "run")
+
+
+@pytest.mark.parametrize("model", ["/nonexistent", "./no-such-model", "models/no/such-model"])
+def test_model_path_that_names_no_folder_says_so(tiny_model_dir, tmp_path, model):
+    # none of these can be a hub name ("owner/name"): the error is about the folder, not the hub's naming rules
+    result = rlx("train", "--algo", "sft", "--model", model, "--output", str(tmp_path / "run"),
+                 "--max-steps", "1", *cli_args(), cwd=tmp_path)
+    _assert_clear_error(result, f"model folder {model!r} does not exist")
+    assert "repo id" not in result.stderr.lower() and "repo_id" not in result.stderr
+    _assert_nothing_trained(tmp_path / "run")
+
+
+def test_model_folder_without_config_json_says_so(tiny_model_dir, tmp_path):
+    folder = tmp_path / "weights"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("not a model")
+    result = rlx("train", "--algo", "sft", "--model", str(folder), "--output", str(tmp_path / "run"),
+                 "--max-steps", "1", *cli_args())
+    _assert_clear_error(result, f"model folder {str(folder)!r} holds no config.json")
     _assert_nothing_trained(tmp_path / "run")

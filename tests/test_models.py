@@ -1,3 +1,5 @@
+import re
+import shutil
 import sys
 import types
 
@@ -79,6 +81,40 @@ def test_tokenizer_gets_a_pad_token(tmp_path):
 def test_missing_model_names_the_path(tmp_path):
     with pytest.raises(models.ModelError, match="no-such-model"):
         models.load_causal_lm(ModelConfig(path=str(tmp_path / "no-such-model")), CPU)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "Qwen/Qwen2.5-0.5B-Instruct", "org_1/model.v2-x"])
+def test_hub_names_pass_through(name):
+    assert models.resolve_path(name) == name
+
+
+@pytest.mark.parametrize("path", ["/nonexistent/model", "./no-such-model", "../no-such-model", "~/no-such-model-rlx",
+                                  "models/no/such-model", "-model", "model-", "a--b", "a..b", "owner//name"])
+def test_a_path_that_can_be_no_hub_name_must_be_a_folder(path, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(models.ModelError, match=f"^model folder {re.escape(repr(path))} does not exist"):
+        models.resolve_path(path)
+    with pytest.raises(models.ModelError, match="does not exist"):
+        models.load_tokenizer(path)
+
+
+def test_a_folder_needs_config_json(lm_path, tmp_path):
+    # the tokenizer alone loads (tokenizer folders need no config.json), the model does not
+    folder = tmp_path / "tokenizer-only"
+    shutil.copytree(lm_path, folder, ignore=shutil.ignore_patterns("config.json", "*.safetensors"))
+    assert models.load_tokenizer(folder).eos_token == "<eos>"
+    with pytest.raises(models.ModelError, match=f"model folder '{folder}' holds no config.json"):
+        models.load_causal_lm(ModelConfig(path=str(folder)), CPU)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(models.ModelError, match="holds no config.json"):
+        models.load_tokenizer(tmp_path / "empty")
+    with pytest.raises(models.ModelError, match="is a file"):
+        models.load_causal_lm(ModelConfig(path=str(lm_path / "config.json")), CPU)
+
+
+def test_home_is_expanded(lm_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(lm_path.parent))
+    assert models.resolve_path(f"~/{lm_path.name}") == str(lm_path)
 
 
 def test_builtin_paths_go_through_rlx_tiny(lm_path, monkeypatch):
