@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import List, Optional
 
@@ -18,12 +19,14 @@ algos_app = typer.Typer(help="Installed algorithms.", no_args_is_help=True)
 app.add_typer(plugins_app, name="plugins")
 app.add_typer(algos_app, name="algos")
 
-# First-party algorithms and the distribution that provides each.
+# First-party algorithms and the distribution that provides each, to name the package of
+# one that is not installed (tests/test_cli.py keeps it equal to the installed plugins).
 FIRST_PARTY = {
     "sft": "rlx-sft", "rm": "rlx-rm", "ppo": "rlx-ppo", "grpo": "rlx-grpo", "dr_grpo": "rlx-grpo",
     "gspo": "rlx-grpo", "reinforce_pp": "rlx-reinforce-pp", "reinforce_pp_baseline": "rlx-reinforce-pp",
-    "rloo": "rlx-rloo", "dpo": "rlx-dpo", "ipo": "rlx-dpo", "kto": "rlx-kto", "simpo": "rlx-simpo",
-    "orpo": "rlx-orpo",
+    "reinforce_pp_baseline_no_std": "rlx-reinforce-pp", "rloo": "rlx-rloo", "dpo": "rlx-dpo", "ipo": "rlx-dpo",
+    "fdpo": "rlx-dpo", "hinge": "rlx-dpo", "robust_dpo": "rlx-dpo", "kto": "rlx-kto", "kto_vanilla": "rlx-kto",
+    "apo_zero_unpaired": "rlx-kto", "simpo": "rlx-simpo", "cpo_simpo": "rlx-simpo", "orpo": "rlx-orpo",
 }
 
 
@@ -40,6 +43,11 @@ def _host(local: list[str] | None = None):
     for dist, error in host.failures.items():
         typer.secho(f"Warning: plugin {dist} failed to load: {error}", fg=typer.colors.YELLOW, err=True)
     return host
+
+
+def _show(value) -> str:
+    """A setting as ``--set`` takes it: strings bare, other values as JSON (YAML reads both)."""
+    return value if isinstance(value, str) else json.dumps(value)
 
 
 def unknown_algorithm(name: str, host) -> str:
@@ -65,7 +73,7 @@ def train(
     resume: bool = typer.Option(False, "--resume", help="continue from the latest checkpoint in the output folder"),
 ):
     """Train a model with an installed algorithm."""
-    from rlx.config import ConfigError, load_yaml, parse_override, set_dotted, resolve
+    from rlx.config import ConfigError, demo_settings, load_yaml, parse_override, resolve, set_dotted
 
     try:
         tree = load_yaml(config) if config else {}
@@ -86,6 +94,10 @@ def train(
         run_config = resolve(spec, tree)
     except ConfigError as e:
         fail(str(e))
+    demo = demo_settings(spec, tree)
+    if demo and os.environ.get("RANK", "0") == "0":
+        settings = ", ".join(f"{key}={_show(value)}" for key, value in demo.items())
+        typer.echo(f"demo settings (from {spec.name}'s defaults; set them to override): {settings}")
 
     from rlx.run import RunError, run
 
@@ -120,15 +132,16 @@ def plugins_list(as_json: bool = typer.Option(False, "--json", help="print JSON"
 def algos_list():
     """List installed algorithms."""
     host = _host()
+    width = max((len(name) for name in host.algorithms), default=0)
     for name in host.algorithms:
         spec = host.algorithms.get(name)
-        typer.echo(f"{name:24s} {spec.loop:8s} {spec.description}  [{host.algorithms.providers[name]}]")
+        typer.echo(f"{name:{width}s}  {spec.loop:8s} {spec.description}  [{host.algorithms.providers[name]}]")
 
 
 @algos_app.command("show")
 def algos_show(name: str):
     """Show an algorithm's parts and every config key with type, default and help."""
-    from rlx.config import RunConfig, describe_fields
+    from rlx.config import RunConfig, demo_data, describe_fields
 
     host = _host()
     if name not in host.algorithms:
@@ -145,13 +158,18 @@ def algos_show(name: str):
     if spec.config is not object:
         rows += describe_fields(spec.config, "algorithm.")
     rows += describe_fields(RunConfig)
-    overrides = spec.defaults
     typer.echo("\nconfig keys (key, type, default, help):")
+    if spec.defaults:
+        typer.echo(f"  values marked (demo) apply only on {name}'s demo data, {demo_data(spec)}; on other data the "
+                   f"value after 'otherwise' does (and data of your own needs --model)")
     for key, tp, default, help_text in rows:
         if key in ("algo", "algorithm"):
             continue
-        default = overrides.get(key, default)
-        typer.echo(f"  {key} ({tp}) = {default!r}\n      {help_text}")
+        if key in spec.defaults:
+            shown = f"{spec.defaults[key]!r} (demo; otherwise {default!r})"
+        else:
+            shown = repr(default)
+        typer.echo(f"  {key} ({tp}) = {shown}\n      {help_text}")
 
 
 def main() -> None:

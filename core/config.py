@@ -292,10 +292,18 @@ def load_yaml(path: str | Path) -> dict:
 def resolve(spec, tree: dict) -> RunConfig:
     """Build the run config for algorithm ``spec`` from a plain tree.
 
-    The algorithm's own ``defaults`` (dotted keys) apply first, then the tree.
+    The algorithm's demo settings (``demo_settings``) apply first, then the tree. A
+    tree that names data of the user's own (a file, folder or hub dataset) must name
+    the model too: the demo's model was chosen for the demo's data.
     """
+    data = _get_dotted(tree, "data.path")
+    own_data = data is not _UNSET and data != demo_data(spec) and not str(data).startswith("builtin:")
+    if own_data and _get_dotted(tree, "model.path") is _UNSET:
+        raise ConfigError(
+            f"data.path is {data!r}, your own data, so {spec.name}'s demo settings do not apply and there is no "
+            f"model to default to: give the model to train with --model (model.path)")
     merged: dict = {}
-    for key, value in spec.defaults.items():
+    for key, value in demo_settings(spec, tree).items():
         set_dotted(merged, key, value)
     _deep_update(merged, tree)
     algorithm = merged.pop("algorithm", None)
@@ -304,6 +312,38 @@ def resolve(spec, tree: dict) -> RunConfig:
     config.algorithm = build(spec.config, algorithm, "algorithm") if spec.config is not object else None
     validate(config)
     return config
+
+
+def demo_data(spec) -> str:
+    """The data of ``spec``'s demo: its defaults' ``data.path``, else rlx's default data."""
+    return spec.defaults.get("data.path", DataConfig.path)
+
+
+def demo_settings(spec, tree: dict) -> dict[str, Any]:
+    """The settings of ``spec.defaults`` that a run on ``tree`` takes (dotted keys).
+
+    An algorithm's defaults are tuned for its demo, so they apply only to a run on the
+    demo's data (``demo_data``): one whose ``data.path`` is unset or names that data.
+    Then every default the tree leaves unset applies; on other data none does, and the
+    config classes' own defaults stand.
+    """
+    data = _get_dotted(tree, "data.path")
+    if data is not _UNSET and data != demo_data(spec):
+        return {}
+    return {key: value for key, value in spec.defaults.items() if _get_dotted(tree, key) is _UNSET}
+
+
+_UNSET = object()
+
+
+def _get_dotted(tree: dict, key: str) -> Any:
+    """The value at dotted ``key`` of a plain tree; ``_UNSET`` where the tree sets none."""
+    node: Any = tree
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return _UNSET
+        node = node[part]
+    return node
 
 
 def _deep_update(dst: dict, src: dict) -> None:
@@ -381,13 +421,18 @@ class OnlineConfig:
     clip_high: float = opt(0.2, "PPO clip epsilon above 1 (DAPO's clip-higher raises it)")
     dual_clip: float = opt(0.0, "dual-clip constant c > 1 for negative advantages (0: off)")
     entropy_coef: float = opt(0.0, "entropy bonus coefficient")
-    reward_clip: float = opt(10.0, "clip rewards to [-x, x] after the baseline")
+    reward_clip: float = opt(10.0, "clip rewards to [-x, x] after the baseline (0: no clipping)")
     gamma: float = opt(1.0, "discount (group estimators always use 1)")
     lam: float = opt(1.0, "GAE lambda")
     overlong_buffer: int = opt(0, "overlong penalty buffer L_b in tokens (0: off)")
     overlong_factor: float = opt(1.0, "overlong penalty factor")
     loss_agg: LossAgg = opt(
         "token_mean", "how per-token losses are reduced over an optimizer step")
+    off_policy_correction: str = opt(
+        "", "registered correction of the policy loss by the rollout engine's log-probs: tis, icepop, "
+        "seq_mask_tis (empty: none)")
+    correction_low: float = opt(0.5, "lower threshold lo of the importance weight exp(old - rollout log-prob)")
+    correction_high: float = opt(5.0, "upper threshold hi of the importance weight")
     sampler: str = opt("", "registered group sampler, e.g. dynamic_filter (empty: keep every group)")
     sampler_options: dict[str, Any] = opt({}, "options of the sampler, e.g. {low: 0, high: 1, max_rounds: 3}")
     eval_every: int = opt(0, "evaluate greedy accuracy and pass@k every N steps (0: start and end only)")
@@ -407,6 +452,9 @@ class OnlineConfig:
                 f"training.batch_size ({train})")
         if samples % train:
             raise ConfigError(f"rollout samples ({samples}) must be a multiple of training.batch_size ({train})")
+        if not 0 <= self.correction_low <= self.correction_high:
+            raise ConfigError(f"algorithm.correction_low ({self.correction_low}) must be >= 0 and <= "
+                              f"algorithm.correction_high ({self.correction_high})")
 
 
 # Run defaults every online algorithm starts from: the built-in arithmetic demo with the

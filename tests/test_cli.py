@@ -5,10 +5,11 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 
-def rlx(*args, **kw):
-    return subprocess.run([sys.executable, "-m", "rlx.cli", *args], capture_output=True, text=True, timeout=120, **kw)
+def rlx(*args, timeout=120, **kw):
+    return subprocess.run([sys.executable, "-m", "rlx.cli", *args], capture_output=True, text=True, timeout=timeout, **kw)
 
 
 HEAVY = ("torch", "transformers", "ray", "vllm", "deepspeed", "datasets")
@@ -56,6 +57,55 @@ def test_unknown_algorithm_names_installed_and_package():
     result = rlx("train", "--algo", "nope")
     assert result.returncode == 2
     assert "'nope' is not installed" in result.stderr and "sft" in result.stderr and "kto" in result.stderr
+
+
+def test_algos_show_marks_demo_settings():
+    result = rlx("algos", "show", "dpo")
+    assert result.returncode == 0, result.stderr
+    assert "algorithm.beta (float) = 0.5 (demo; otherwise 0.1)" in result.stdout
+    assert "builtin:arithmetic_small" in result.stdout
+
+
+def test_train_prints_the_demo_settings_it_takes(tiny_model_dir, tmp_path):
+    out = tmp_path / "run"
+    result = rlx("train", "--algo", "dpo", "--model", tiny_model_dir, "--max-steps", "1", "--output", str(out),
+                 "--set", "data.builtin_size=64", "--set", "data.eval_size=8", "--set", "training.batch_size=8",
+                 "--set", "training.micro_batch_size=8", "--set", "logging.progress=false",
+                 "--set", "logging.tensorboard=false", "--set", "checkpoint.save_final=false", timeout=300)
+    assert result.returncode == 0, result.stderr
+    line = next(line for line in result.stdout.splitlines() if line.startswith("demo settings"))
+    assert line.startswith("demo settings (from dpo's defaults; set them to override): ")
+    for setting in ("data.path=builtin:arithmetic_small", "data.chat_template=none", "training.lr=0.0001",
+                    "training.scheduler=constant", "algorithm.beta=0.5"):
+        assert setting in line, line
+    for given in ("model.path", "training.max_steps", "training.batch_size"):  # the user's, not the demo's
+        assert given not in line, line
+    written = yaml.safe_load((out / "config.yaml").read_text())
+    assert written["algorithm"]["beta"] == 0.5 and written["training"]["batch_size"] == 8
+
+
+def test_own_data_without_a_model_asks_for_one(tmp_path):
+    (tmp_path / "pairs.jsonl").write_text(json.dumps({"prompt": "1+1=", "chosen": "2", "rejected": "3"}) + "\n")
+    result = rlx("train", "--algo", "dpo", "--data", str(tmp_path / "pairs.jsonl"), "--output", str(tmp_path / "run"))
+    assert result.returncode == 2
+    assert "your own data" in result.stderr and "--model" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_first_party_table_names_every_first_party_algorithm():
+    # rlx.cli.FIRST_PARTY names the package of an algorithm that is not installed; here
+    # every first-party plugin is installed, so the table must match the registry
+    from pathlib import Path
+
+    from rlx.cli import FIRST_PARTY
+    from rlx.plugins import get_host
+
+    root = Path(__file__).parent.parent
+    first_party = {line.split('"')[1] for p in root.glob("plugins/*/*/pyproject.toml")
+                   for line in p.read_text().splitlines() if line.startswith("name = ")}
+    algorithms = get_host().algorithms
+    installed = {name: algorithms.providers[name] for name in algorithms if algorithms.providers[name] in first_party}
+    assert FIRST_PARTY == installed
 
 
 def test_bad_config_key_fails_before_any_model_loads(tmp_path):

@@ -5,7 +5,8 @@ from dataclasses import dataclass
 import pytest
 
 from rlx.algorithm import AlgorithmSpec
-from rlx.config import ConfigError, RunConfig, describe_fields, load_yaml, opt, parse_override, resolve, set_dotted
+from rlx.config import (ConfigError, DataConfig, ModelConfig, RunConfig, TrainingConfig, demo_data, demo_settings,
+                        describe_fields, load_yaml, opt, parse_override, resolve, set_dotted)
 
 
 @dataclass
@@ -79,3 +80,58 @@ def test_every_field_is_described():
     keys = {r[0] for r in rows}
     assert {"training.lr", "model.lora.rank", "data.prompt_key", "checkpoint.every"} <= keys
     assert all(help_text for key, _, _, help_text in rows if key != "algorithm"), "every key needs a help text"
+
+
+# ---------------------------------------------------------------------------
+# demo settings: an algorithm's defaults apply only on its demo data
+
+
+@pytest.fixture(scope="module")
+def dpo():
+    from rlx.plugins import get_host
+
+    return get_host().algorithms.get("dpo")
+
+
+def test_the_demo_takes_the_algorithms_defaults(dpo):
+    config = resolve(dpo, {})
+    assert config.algorithm.beta == 0.5
+    assert (config.model.path, config.data.path) == ("builtin:tiny-arithmetic", "builtin:arithmetic_small")
+    assert config.training.batch_size == 32
+    # naming the demo data is still the demo
+    assert resolve(dpo, tree("data.path=builtin:arithmetic_small")).algorithm.beta == 0.5
+
+
+def test_own_data_takes_none_of_the_demo_settings(dpo, tmp_path):
+    config = resolve(dpo, tree(f"data.path={tmp_path / 'pairs.jsonl'}", "model.path=my/model"))
+    assert config.algorithm.beta == 0.1 == dpo.config().beta  # DPO's own default, not the demo's 0.5
+    assert config.training.lr == TrainingConfig().lr
+    assert config.training.batch_size == TrainingConfig().batch_size
+    assert config.training.scheduler == TrainingConfig().scheduler
+    assert config.data.chat_template == DataConfig().chat_template
+    assert config.training.max_steps == 0
+
+
+def test_own_data_needs_a_model(dpo, tmp_path):
+    path = tmp_path / "pairs.jsonl"
+    with pytest.raises(ConfigError, match=rf"data.path is '{path}', your own data.*give the model to train with --model"):
+        resolve(dpo, tree(f"data.path={path}"))
+    # another built-in task trains rlx's own tiny model, made for the built-in tasks
+    config = resolve(dpo, tree("data.path=builtin:copy"))
+    assert config.model.path == ModelConfig().path and config.algorithm.beta == 0.1
+
+
+def test_demo_settings_are_the_defaults_the_user_left_unset(dpo):
+    settings = demo_settings(dpo, tree("algorithm.beta=0.2", "training.lr=1e-5", "model.path=other"))
+    assert settings == {k: v for k, v in dpo.defaults.items()
+                        if k not in ("algorithm.beta", "training.lr", "model.path")}
+    assert settings["data.path"] == demo_data(dpo) == "builtin:arithmetic_small"
+    assert demo_settings(dpo, tree("data.path=rows.jsonl", "model.path=m")) == {}
+
+
+def test_without_demo_data_the_demo_is_rlxs_default_data():
+    # SPEC's defaults name no data: its demo is rlx's default data
+    assert demo_data(SPEC) == DataConfig().path
+    assert resolve(SPEC, {}).training.lr == 3e-4
+    assert resolve(SPEC, tree(f"data.path={DataConfig().path}")).training.lr == 3e-4
+    assert resolve(SPEC, tree("data.path=builtin:copy")).training.lr == TrainingConfig().lr
