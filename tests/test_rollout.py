@@ -2,6 +2,7 @@
 
 import copy
 import string
+import warnings
 
 import pytest
 import torch
@@ -74,6 +75,19 @@ def test_greedy_matches_hf_generate(model, tokenizer, prompts):
         assert completion.token_ids == expected
         assert completion.finish_reason == ("stop" if EOS in row else "length")
     assert [c.prompt_index for c in out] == [0, 1, 2]
+
+
+def test_decoding_raises_no_deprecation_warning(model, tokenizer, prompts):
+    # the decode loop drives the KV cache through transformers' Cache API (DynamicCache,
+    # batch_repeat_interleave, batch_select_indices); a FutureWarning or DeprecationWarning
+    # here means a call the installed transformers is about to drop. Rows that finish early
+    # (a stop string, EOS) take the batch_select_indices path.
+    engine = NativeEngine(model, tokenizer, max_batch_size=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        warnings.simplefilter("error", DeprecationWarning)
+        engine.generate(prompts, SamplingParams(n=2, max_new_tokens=12, seed=0, stop=("a", "b", "c")))
+        engine.generate(prompts, SamplingParams(greedy=True, max_new_tokens=12))
 
 
 @pytest.mark.parametrize("temperature, top_k", [(1.0, 0), (0.7, 5)])
