@@ -68,8 +68,9 @@ def test_log_exp_loss_runs(tmp_path, tiny):
 
 
 def test_unknown_preference_loss_is_named(tmp_path, tiny):
-    with pytest.raises(RunError, match="'hinge'.*bradley_terry"):
-        train(tmp_path / "run", tiny, **SMALL, **{"training.max_steps": 1, "algorithm.preference_loss": "hinge"})
+    with pytest.raises(RunError, match="'bradley_terri'.*Did you mean 'bradley_terry'"):
+        train(tmp_path / "run", tiny, **SMALL, **{"training.max_steps": 1,
+                                                  "algorithm.preference_loss": "bradley_terri"})
 
 
 def _pairs(n: int, margin: float | None) -> list[dict]:
