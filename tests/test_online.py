@@ -30,20 +30,23 @@ def train(host, algo, out, **tree):
 def test_grpo_demo_raises_greedy_accuracy(host, demo_policy, tmp_path, capsys):
     rows = train(host, "grpo", tmp_path / "run", training={"max_steps": 30})
     before, after = rows[0]["eval/greedy_accuracy"], rows[-1]["eval/greedy_accuracy"]
-    assert after - before >= 0.25, (before, after)
+    # over 11 seeds (benchmarks/learning_seeds.py) the gain was 0.93 to 1.0
+    assert after - before >= 0.7, (before, after)
     assert "before training: greedy accuracy" in capsys.readouterr().out
     for key in REQUIRED + ["eval/pass@4", "lr", "grad_norm"]:
         assert key in rows[-1] and math.isfinite(rows[-1][key]), key
     assert (tmp_path / "run" / "final" / "config.json").is_file()
 
 
-@pytest.mark.parametrize("algo", ["ppo", "dr_grpo", "gspo", "reinforce_pp", "reinforce_pp_baseline", "rloo"])
+@pytest.mark.parametrize("algo", ["ppo", "dr_grpo", "gspo", "reinforce_pp", "reinforce_pp_baseline",
+                                  "reinforce_pp_baseline_no_std", "rloo"])
 def test_algorithm_improves_reward(host, demo_policy, tmp_path, algo):
-    rows = train(host, algo, tmp_path / "run", training={"max_steps": 16}, algorithm={"eval_size": 16})
+    rows = train(host, algo, tmp_path / "run", training={"max_steps": 32}, algorithm={"eval_size": 16})
     steps = [r for r in rows if r["step"] > 0]
     first = sum(r["reward/mean"] for r in steps[:4]) / 4
-    last = sum(r["reward/mean"] for r in steps[-4:]) / 4
-    assert last > first + 0.05, (first, last)
+    last = sum(r["reward/mean"] for r in steps[-8:]) / 8
+    # over 11 seeds (benchmarks/learning_seeds.py) every algorithm gained 0.21 or more
+    assert last > first + 0.12, (first, last)
     assert all(key in steps[-1] for key in REQUIRED)
     if algo == "ppo":
         assert "loss/value" in steps[-1] and steps[-1]["kl"] > 0  # critic and KL penalty on

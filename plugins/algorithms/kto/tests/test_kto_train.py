@@ -30,16 +30,18 @@ def train(out: Path, algo: str = "kto", **settings) -> list[dict]:
 
 
 def test_defaults_learn_the_preference_and_keep_the_answers(tmp_path):
-    # the demo settings as `rlx train --algo kto` runs them (β = 0.5, w_d = w_u = 1, 40 steps)
-    rows = train(tmp_path / "run", **{"data.eval_size": 128, "training.eval_every": 20})
+    # the demo settings as `rlx train --algo kto` runs them (β = 0.5, w_d = w_u = 1, lr 5e-5, 80 steps);
+    # over 11 seeds (benchmarks/learning_seeds.py): held-out accuracy 0.72-0.82, greedy 0.81-0.98, and
+    # the share of right numbers fell by 0.02-0.19
+    rows = train(tmp_path / "run", **{"data.eval_size": 128, "training.eval_every": 40})
     assert rows[0]["accuracy"] == 0.5 and rows[0]["kl_ref_point"] == 0.0  # policy == reference: all ties
     evals = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]
-    assert len(evals) == 2 and evals[-1] >= 0.7, evals
+    assert len(evals) == 2 and evals[-1] >= 0.65, evals
     assert rows[-1]["eval/reward/desirable"] > rows[-1]["eval/reward/undesirable"]
     final = str(tmp_path / "run" / "final")
-    assert greedy_accuracy("builtin:tiny-arithmetic") == 0.0 and greedy_accuracy(final) >= 0.8
-    # the numbers themselves stay right (seen: 99.6% before, 89.8% after)
-    assert greedy_accuracy(final, ignore=HEDGE) >= greedy_accuracy("builtin:tiny-arithmetic", ignore=HEDGE) - 0.15
+    assert greedy_accuracy("builtin:tiny-arithmetic") == 0.0 and greedy_accuracy(final) >= 0.7
+    # the numbers themselves stay right
+    assert greedy_accuracy(final, ignore=HEDGE) >= greedy_accuracy("builtin:tiny-arithmetic", ignore=HEDGE) - 0.3
 
 
 def test_a_step_of_one_row_is_refused(tmp_path):

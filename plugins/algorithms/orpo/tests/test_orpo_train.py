@@ -12,7 +12,7 @@ from rlx.testing import QUIET, greedy_accuracy, one_thread  # noqa: F401
 
 def test_defaults_learn_the_preference(tmp_path):
     # the demo policy prefers the hedged "17?" to "17", so it starts ranking half the
-    # pairs wrongly; `rlx train --algo orpo` (40 steps) must fix that (seen: 1.0, 98%+)
+    # pairs wrongly; `rlx train --algo orpo` (40 steps) must fix that
     tree: dict = {"output": str(tmp_path / "run")}
     for key, value in {**QUIET, "data.eval_size": 128, "training.eval_every": 20}.items():
         set_dotted(tree, key, value)
@@ -24,4 +24,5 @@ def test_defaults_learn_the_preference(tmp_path):
     evals = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]
     assert len(evals) == 2 and evals[-1] >= 0.9, evals
     assert greedy_accuracy("builtin:tiny-arithmetic") == 0.0
+    # over 11 seeds (benchmarks/learning_seeds.py): greedy 0.98 to 1.0, held-out accuracy 1.0
     assert greedy_accuracy(str(tmp_path / "run" / "final")) >= 0.9
