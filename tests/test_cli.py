@@ -75,7 +75,7 @@ def test_train_prints_the_demo_settings_it_takes(tiny_model_dir, tmp_path):
     assert result.returncode == 0, result.stderr
     line = next(line for line in result.stdout.splitlines() if line.startswith("demo settings"))
     assert line.startswith("demo settings (from dpo's defaults; set them to override): ")
-    for setting in ("data.path=builtin:arithmetic_small", "data.chat_template=none", "training.lr=0.0001",
+    for setting in ("data.path=builtin:arithmetic_small", "data.chat_template=none", "training.lr=5e-05",
                     "training.scheduler=constant", "algorithm.beta=0.5"):
         assert setting in line, line
     for given in ("model.path", "training.max_steps", "training.batch_size"):  # the user's, not the demo's
