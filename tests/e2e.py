@@ -57,11 +57,11 @@ def cli_args(**settings) -> list[str]:
 
 def rlx(*args: str, env: dict | None = None, cwd: str | Path | None = None,
         timeout: float = 300) -> subprocess.CompletedProcess:
-    """``python -m rlx.cli ARGS`` in a subprocess; RLX_CACHE is the session's private cache
+    """``python -m rlx_cli ARGS`` in a subprocess; RLX_CACHE is the session's private cache
     and torch uses one thread (see ``one_thread``)."""
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     assert "RLX_CACHE" in full_env, "request the tiny_model_dir fixture first: it sets RLX_CACHE"
-    return subprocess.run([sys.executable, "-m", "rlx.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "rlx_cli", *args], capture_output=True, text=True,
                           timeout=timeout, env=full_env, cwd=cwd)
 
 

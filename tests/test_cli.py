@@ -9,7 +9,7 @@ import yaml
 
 
 def rlx(*args, timeout=120, **kw):
-    return subprocess.run([sys.executable, "-m", "rlx.cli", *args], capture_output=True, text=True, timeout=timeout, **kw)
+    return subprocess.run([sys.executable, "-m", "rlx_cli", *args], capture_output=True, text=True, timeout=timeout, **kw)
 
 
 HEAVY = ("torch", "transformers", "ray", "vllm", "deepspeed", "datasets")
@@ -20,8 +20,8 @@ def test_light_commands_import_nothing_heavy(argv):
     code = (
         "import sys\n"
         f"sys.argv = ['rlx', *{argv!r}]\n"
-        "import rlx, rlx.cli\n"
-        "try:\n    rlx.cli.main()\nexcept SystemExit:\n    pass\n"
+        "import rlx, rlx_cli\n"
+        "try:\n    rlx_cli.main()\nexcept SystemExit:\n    pass\n"
         f"print([m for m in {HEAVY!r} if m in sys.modules])\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -50,7 +50,7 @@ def test_unknown_algorithm_names_installed_and_package():
     # machine that lacks rlx-kto
     from types import SimpleNamespace
 
-    from rlx.cli import unknown_algorithm
+    from rlx_cli import unknown_algorithm
 
     message = unknown_algorithm("kto", SimpleNamespace(algorithms={"sft": None, "rm": None}))
     assert "'kto' is not installed" in message and "rlx-kto" in message and "sft" in message
@@ -93,11 +93,11 @@ def test_own_data_without_a_model_asks_for_one(tmp_path):
 
 
 def test_first_party_table_names_every_first_party_algorithm():
-    # rlx.cli.FIRST_PARTY names the package of an algorithm that is not installed; here
+    # rlx_cli.FIRST_PARTY names the package of an algorithm that is not installed; here
     # every first-party plugin is installed, so the table must match the registry
     from pathlib import Path
 
-    from rlx.cli import FIRST_PARTY
+    from rlx_cli import FIRST_PARTY
     from rlx.plugins import get_host
 
     root = Path(__file__).parent.parent

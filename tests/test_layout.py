@@ -41,3 +41,25 @@ def test_readme_starts_with_the_two_commands():
     assert commands == ["pip install -r requirements.txt && rlx train --algo grpo",
                         "pip install -r requirements-dev.txt && python -m pytest"]
     assert "pip install -r requirements-dev.txt && python -m pytest" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_folders_are_named_as_their_imports():
+    # core/rlx/ is `import rlx`, cli/rlx_cli/ is `import rlx_cli`: no package-dir remapping
+    import rlx
+    import rlx_cli
+
+    assert Path(rlx.__file__).parent == ROOT / "core" / "rlx"
+    assert Path(rlx_cli.__file__).parent == ROOT / "cli" / "rlx_cli"
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text()).get("tool", {}).get("setuptools", {})
+    assert "package-dir" not in setuptools
+
+
+def test_the_loops_and_loaders_do_not_import_the_demo_or_the_run():
+    # run -> loops -> engine -> models must not lead back to run (through tiny -> demo)
+    import subprocess
+    import sys
+
+    code = ("import sys, rlx.online, rlx.offline, rlx.engine, rlx.models, rlx.rollout\n"
+            "print(sorted(m for m in ('rlx.run', 'rlx.tiny', 'rlx.demo') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.stdout.strip() == "[]", result.stdout + result.stderr

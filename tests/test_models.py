@@ -1,6 +1,5 @@
 import re
 import shutil
-import sys
 import types
 
 import pytest
@@ -8,7 +7,6 @@ import torch
 import transformers
 from tokenizers import Tokenizer, models as tok_models, pre_tokenizers
 
-import rlx
 from rlx import models
 from rlx.config import LoraConfig, ModelConfig
 
@@ -117,15 +115,20 @@ def test_home_is_expanded(lm_path, monkeypatch):
     assert models.resolve_path(f"~/{lm_path.name}") == str(lm_path)
 
 
-def test_builtin_paths_go_through_rlx_tiny(lm_path, monkeypatch):
-    asked = []
-    fake = types.ModuleType("rlx.tiny")
-    fake.builtin_model = lambda name: asked.append(name) or lm_path
-    monkeypatch.setitem(sys.modules, "rlx.tiny", fake)
-    monkeypatch.setattr(rlx, "tiny", fake, raising=False)
-    model = models.load_causal_lm(ModelConfig(path="builtin:tiny"), CPU, trainable=False)
-    assert asked == ["builtin:tiny"]
-    assert model.config.vocab_size == 64
+def test_builtin_names_resolve_at_the_run_edge_not_in_the_loaders(tiny_model_dir):
+    from rlx.config import RunConfig
+    from rlx.run import with_builtin_models
+
+    with pytest.raises(models.ModelError, match="built-in model name.*builtin_model"):
+        models.load_causal_lm(ModelConfig(path="builtin:tiny"), CPU, trainable=False)
+    config = RunConfig()
+    config.model.path, config.reward.model = "builtin:tiny", "builtin:tiny"
+    resolved = with_builtin_models(config)
+    assert resolved.model.path == resolved.reward.model == tiny_model_dir
+    assert config.model.path == "builtin:tiny"  # the run's own config keeps the name
+    with pytest.raises(models.ModelError, match="unknown built-in model"):
+        config.model.path = "builtin:nope"
+        with_builtin_models(config)
 
 
 def test_causal_lm_options(lm_path):

@@ -81,7 +81,7 @@ def test_online_resume_is_exact(host, demo_policy, tmp_path):
 
 
 def cli(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "rlx.cli", "train", *args, "--set", "logging.progress=false"],
+    return subprocess.run([sys.executable, "-m", "rlx_cli", "train", *args, "--set", "logging.progress=false"],
                           capture_output=True, text=True, timeout=600, cwd=cwd)
 
 

@@ -16,7 +16,7 @@ def first_party_distributions() -> set[str]:
 
 def listed_by_the_cli() -> dict[str, set[str]]:
     """loop -> names of the first-party algorithms, from `rlx algos list`."""
-    result = subprocess.run([sys.executable, "-m", "rlx.cli", "algos", "list"], capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-m", "rlx_cli", "algos", "list"], capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 0, result.stderr
     first_party = first_party_distributions()

@@ -31,12 +31,9 @@ from typing import Any, Callable
 from rlx.config import RewardConfig
 from rlx.plugins import PluginError, load_object
 from rlx.registry import RegistryError
+from rlx.errors import RewardError
 
 _SHOWN_CHARS = 80  # how much of a prompt or completion an error message quotes
-
-
-class RewardError(Exception):
-    pass
 
 
 @dataclass

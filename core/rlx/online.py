@@ -37,7 +37,7 @@ from rlx.engine import make_engine, save_hf
 from rlx.metrics import RunLogger
 from rlx.rewards import build_reward
 from rlx.rollout import NativeEngine, SamplingParams
-from rlx.run import RunError
+from rlx.errors import RunError
 
 
 @dataclass

@@ -24,16 +24,13 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from rlx.config import DataConfig
+from rlx.errors import DataError
 
 FORMATS = ("sft", "pairs", "unpaired", "prompts")
 FILE_FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 MAX_REPORTED_ERRORS = 5
 # Splits that mean "held-out data" when a builtin task is asked for one.
 EVAL_SPLITS = ("test", "validation", "eval")
-
-
-class DataError(ValueError):
-    """Bad data: the message names the source, the row and the key."""
 
 
 class Messages:

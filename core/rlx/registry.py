@@ -5,10 +5,7 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass, field
 from typing import Any
-
-
-class RegistryError(Exception):
-    pass
+from rlx.errors import RegistryError
 
 
 @dataclass

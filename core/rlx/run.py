@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import time
 from pathlib import Path
@@ -9,10 +10,7 @@ from pathlib import Path
 import yaml
 
 from rlx.config import RunConfig, to_dict
-
-
-class RunError(Exception):
-    pass
+from rlx.errors import ModelError, RlxError, RunError
 
 
 def _rank() -> int:
@@ -48,6 +46,28 @@ def prepare_output(config: RunConfig, *, resume: bool) -> Path:
     return out
 
 
+def with_builtin_models(config: RunConfig) -> RunConfig:
+    """A copy of ``config`` whose ``builtin:NAME`` model paths name the folders rlx made for
+    them (built on first use). Built-in names resolve here, at the run's edge, so that the
+    model loaders below know nothing of how the demo models are made."""
+    from rlx.tiny import builtin_model
+
+    config = copy.deepcopy(config)
+    for section in (config.model, config.reward):
+        path = section.model if section is config.reward else section.path
+        if not str(path).startswith("builtin:"):
+            continue
+        try:
+            folder = builtin_model(path)
+        except ValueError as e:
+            raise ModelError(str(e)) from e
+        if section is config.reward:
+            section.model = folder
+        else:
+            section.path = folder
+    return config
+
+
 def run(config: RunConfig, host, *, resume: bool = False) -> dict[str, float]:
     """Train ``config.algo`` and return the last step's metrics."""
     from transformers.utils import logging as hf_logging
@@ -60,16 +80,16 @@ def run(config: RunConfig, host, *, resume: bool = False) -> dict[str, float]:
         from rlx import offline as loop
     else:
         from rlx import online as loop
-    from rlx.config import ConfigError
-    from rlx.data import DataError
-    from rlx.models import ModelError
-    from rlx.plugins import PluginError
-    from rlx.registry import RegistryError
-    from rlx.rewards import RewardError
 
+    if config.training.threads:
+        import torch
+
+        torch.set_num_threads(config.training.threads)
     try:
-        metrics = loop.train(config, spec, host, out, resume=resume)
-    except (ConfigError, DataError, ModelError, PluginError, RegistryError, RewardError) as e:
+        metrics = loop.train(with_builtin_models(config), spec, host, out, resume=resume)
+    except RlxError as e:
+        if isinstance(e, RunError):
+            raise
         raise RunError(str(e)) from e
     host.hook.on_train_end(output_dir=str(out), metrics=metrics)
     if _rank() == 0:

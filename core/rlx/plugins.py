@@ -21,6 +21,7 @@ import pluggy
 
 from rlx import hookspecs
 from rlx.registry import Registry, RegistryError
+from rlx.errors import PluginError
 
 GROUP = "rlx"
 
@@ -41,10 +42,6 @@ REGISTRIES = {
     "register_vlm_processors": "VLM processor",
     "register_tasks": "task",
 }
-
-
-class PluginError(Exception):
-    pass
 
 
 @dataclass

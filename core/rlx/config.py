@@ -16,10 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-
-
-class ConfigError(ValueError):
-    pass
+from rlx.errors import ConfigError
 
 
 def opt(default: Any, help: str) -> Any:
@@ -91,6 +88,7 @@ class TrainingConfig:
     packing: bool = opt(False, "pack several samples into one row without padding")
     eval_every: int = opt(0, "evaluate every N steps (0: only at the end)")
     seed: int = opt(42, "seed for data order, initialisation and sampling")
+    threads: int = opt(0, "CPU threads for torch (0: torch's choice); tiny models run best on 1")
 
 
 @dataclass
@@ -470,6 +468,9 @@ ONLINE_DEFAULTS = {
     "training.max_steps": 50,
     "rollout.max_new_tokens": 8,
     "algorithm.eval_size": 256,
+    # a tiny model gains nothing from a second thread, and slows down many times over
+    # with two when anything else runs on the same cores
+    "training.threads": 1,
 }
 
 
@@ -484,4 +485,7 @@ PREFERENCE_DEFAULTS = {
     "training.batch_size": 32,
     "training.micro_batch_size": 32,
     "training.max_steps": 40,
+    # a tiny model gains nothing from a second thread, and slows down many times over
+    # with two when anything else runs on the same cores
+    "training.threads": 1,
 }

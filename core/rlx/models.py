@@ -18,15 +18,12 @@ import torch
 import torch.nn.functional as F
 
 from rlx.config import ModelConfig
+from rlx.errors import ModelError
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 # rows of logits turned into float32 at once: bounds the temporary copy to ~64 MiB
 _CHUNK_ELEMENTS = 1 << 24
-
-
-class ModelError(RuntimeError):
-    """A model or tokenizer could not be loaded or built; the message names the path."""
 
 
 def resolve_device(name: str) -> torch.device:
@@ -66,7 +63,8 @@ def attn_implementation(name: str, device: torch.device | str | None = None) -> 
 
 
 def resolve_path(path: str | Path) -> str:
-    """A model folder or hub name; ``builtin:NAME`` is made locally by ``rlx.tiny``.
+    """A model folder or hub name. ``builtin:NAME`` models are resolved to their folders
+    when a run starts (``rlx.run.with_builtin_models``), or with ``rlx.tiny.builtin_model``.
 
     A path that names no local folder and cannot be a hub name (an absolute path, one
     starting with ``./``, ``../`` or ``~``, or more than one ``/``) fails here with
@@ -74,9 +72,8 @@ def resolve_path(path: str | Path) -> str:
     """
     path = str(path)
     if path.startswith("builtin:"):
-        from rlx import tiny
-
-        return str(tiny.builtin_model(path))
+        raise ModelError(f"{path!r} is a built-in model name: resolve it to its folder with "
+                         f"rlx.tiny.builtin_model({path!r}) first (a run does this itself)")
     local = Path(path).expanduser()
     if local.is_file():
         raise ModelError(f"model path {path!r} is a file; give the folder that holds config.json and the weights")

@@ -29,7 +29,7 @@ from rlx.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from rlx.config import RunConfig
 from rlx.engine import make_engine, save_hf
 from rlx.metrics import RunLogger
-from rlx.run import RunError
+from rlx.errors import RunError
 
 
 @dataclass

@@ -1,3 +1,0 @@
-from rlx.cli import main
-
-main()

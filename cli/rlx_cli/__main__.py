@@ -1,0 +1,3 @@
+from rlx_cli import main
+
+main()
