@@ -30,7 +30,7 @@ def test_update_does_not_count_a_sequence_without_action_tokens(host, tiny_model
     model = models.load_causal_lm(config.model, torch.device("cpu"))
     actor = make_engine(model, t, total_steps=1, micro_steps_per_step=1)
     completions = [Completion(0, [5, 6], [-1.0, -1.0], "", "length"), Completion(0, [], [], "", "stop")]
-    exp = online.build_experience([[3, 4], [3, 4]], completions, 0, [1.0, 0.0], [0, 0], torch.device("cpu"))
+    exp = online.batch_of_completions([[3, 4], [3, 4]], completions, 0, [1.0, 0.0], [0, 0], torch.device("cpu"))
     online.score_experience(exp, actor=model, reference=None, critic=None, temperature=1.0, micro=2)
     exp.advantages = torch.ones_like(exp.action_mask)
     metrics = online.update(exp, actor, None, host.get("register_policy_losses", "ppo_clip"), None, None,

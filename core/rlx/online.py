@@ -23,7 +23,6 @@ import math
 import random
 import shutil
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +30,7 @@ import torch
 
 from rlx import data, models, ops
 from rlx.algorithm import AlgorithmSpec, call_with_accepted
+from rlx.batch import Batch
 from rlx.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from rlx.config import RunConfig
 from rlx.engine import make_engine, save_hf
@@ -40,31 +40,9 @@ from rlx.rollout import NativeEngine, SamplingParams
 from rlx.errors import RunError
 
 
-@dataclass
-class Experience:
-    """A scored rollout batch, padded: prompts on the left, responses on the right."""
-
-    input_ids: torch.Tensor  # [B, P + R]
-    attention_mask: torch.Tensor  # [B, P + R]
-    position_ids: torch.Tensor  # [B, P + R]
-    action_mask: torch.Tensor  # [B, R] 1 on generated tokens
-    prompt_len: int
-    rewards: torch.Tensor  # [B] after length shaping
-    group_ids: torch.Tensor  # [B] samples with equal ids share a prompt
-    rollout_logp: torch.Tensor | None = None  # [B, R] the engine's log-probs of the sampled tokens
-    old_logp: torch.Tensor | None = None  # [B, R]
-    ref_logp: torch.Tensor | None = None
-    values: torch.Tensor | None = None
-    advantages: torch.Tensor | None = None
-    returns: torch.Tensor | None = None
-
-    def select(self, index: list[int]) -> "Experience":
-        pick = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        return Experience(**{k: v[index] if isinstance(v, torch.Tensor) else v for k, v in pick.items()})
-
-
-def build_experience(prompt_ids: list[list[int]], completions: list, pad_id: int, rewards: list[float],
-                     group_ids: list[int], device) -> Experience:
+def batch_of_completions(prompt_ids: list[list[int]], completions: list, pad_id: int, rewards: list[float],
+                         group_ids: list[int], device) -> Batch:
+    """The padded batch of a rollout: prompts left-padded, responses right-padded."""
     prompt_len = max(len(p) for p in prompt_ids)
     response_len = max(1, max(len(c.token_ids) for c in completions))
     rows, attention, actions, logps = [], [], [], []
@@ -79,7 +57,7 @@ def build_experience(prompt_ids: list[list[int]], completions: list, pad_id: int
         logps.append(None if c.logprobs is None else list(c.logprobs) + [0.0] * right)
     attention_mask = torch.tensor(attention, device=device)
     has_logps = all(lp is not None for lp in logps)
-    return Experience(
+    return Batch(
         input_ids=torch.tensor(rows, device=device),
         attention_mask=attention_mask,
         position_ids=(attention_mask.cumsum(-1) - 1).clamp(min=0),
@@ -91,7 +69,7 @@ def build_experience(prompt_ids: list[list[int]], completions: list, pad_id: int
     )
 
 
-def response_logits(model, exp: Experience) -> torch.Tensor:
+def response_logits(model, exp: Batch) -> torch.Tensor:
     """Logits that predict each response token: [B, R, V]."""
     response_len = exp.action_mask.shape[1]
     out = model(input_ids=exp.input_ids, attention_mask=exp.attention_mask, position_ids=exp.position_ids,
@@ -99,7 +77,7 @@ def response_logits(model, exp: Experience) -> torch.Tensor:
     return out.logits[:, :-1]
 
 
-def response_logprobs(model, exp: Experience, temperature: float, *, with_entropy: bool = False):
+def response_logprobs(model, exp: Batch, temperature: float, *, with_entropy: bool = False):
     logits = response_logits(model, exp)
     labels = exp.input_ids[:, exp.prompt_len:]
     logp = ops.token_logprobs(logits, labels, temperature)
@@ -107,7 +85,7 @@ def response_logprobs(model, exp: Experience, temperature: float, *, with_entrop
     return logp, entropy
 
 
-def response_values(critic, exp: Experience) -> torch.Tensor:
+def response_values(critic, exp: Batch) -> torch.Tensor:
     """The critic's value of the state before each response token: [B, R]."""
     values = models.token_values(critic, exp.input_ids, exp.attention_mask, exp.position_ids)
     response_len = exp.action_mask.shape[1]
@@ -119,7 +97,7 @@ def _chunks(n: int, size: int) -> list[list[int]]:
 
 
 @torch.no_grad()
-def score_experience(exp: Experience, *, actor, reference, critic, temperature: float, micro: int) -> None:
+def score_experience(exp: Batch, *, actor, reference, critic, temperature: float, micro: int) -> None:
     """Fill in the old policy's log-probs, the reference's and the critic's values."""
     old, ref, values = [], [], []
     for index in _chunks(len(exp.rewards), micro):
@@ -323,7 +301,7 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
         rollout_time = time.perf_counter() - started
         prompt_ids = [p["prompt_ids"] for p in batch_prompts for _ in range(a.n_samples)]
         group_ids = [i for i in range(len(batch_prompts)) for _ in range(a.n_samples)]
-        exp = build_experience(prompt_ids, completions, tokenizer.pad_token_id, rewards, group_ids, device)
+        exp = batch_of_completions(prompt_ids, completions, tokenizer.pad_token_id, rewards, group_ids, device)
         if correction is not None and exp.rollout_logp is None:
             raise RunError(f"algorithm.off_policy_correction={a.off_policy_correction!r} needs the rollout "
                            f"engine's log-probs, and engine {engine_name!r} returns none")
@@ -391,7 +369,7 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
     return metrics
 
 
-def update(exp: Experience, actor, critic, policy_loss, correction, value_loss, a, t, r, beta: float,
+def update(exp: Batch, actor, critic, policy_loss, correction, value_loss, a, t, r, beta: float,
            seed: int) -> dict:
     """``epochs`` passes of mini-batch updates over the rollout batch."""
     rng = random.Random(seed)

@@ -1,0 +1,83 @@
+"""The batch type: one step's samples as they travel between roles.
+
+A ``Batch`` holds padded tensors, prompts on the left and responses on the right, one
+row per sample. Fields the step has not reached yet are ``None`` (the reference's
+log-probs before the reference has scored the batch ...). ``extra`` carries per-sample
+model inputs beyond token ids (image tensors, say), each with the samples on dim 0.
+
+It splits by rank (``split``), comes back together (``concat``), takes any subset of
+its samples (``select``) and pickles as plain tensors, so a launcher can ship it to a
+worker in another process unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Batch:
+    input_ids: torch.Tensor  # [B, P + R]
+    attention_mask: torch.Tensor  # [B, P + R]
+    position_ids: torch.Tensor  # [B, P + R]
+    action_mask: torch.Tensor  # [B, R] 1 on generated tokens that get a gradient
+    prompt_len: int  # P: responses start at this column of input_ids
+    rewards: torch.Tensor  # [B] after length shaping
+    group_ids: torch.Tensor  # [B] samples with equal ids share a prompt
+    rollout_logp: torch.Tensor | None = None  # [B, R] the engine's log-probs of the sampled tokens
+    old_logp: torch.Tensor | None = None  # [B, R] the policy's before this step's updates
+    ref_logp: torch.Tensor | None = None  # [B, R]
+    values: torch.Tensor | None = None  # [B, R] the critic's
+    advantages: torch.Tensor | None = None  # [B, R]
+    returns: torch.Tensor | None = None  # [B, R]
+    policy_version: torch.Tensor | None = None  # [B] the policy version that generated each sample
+    extra: dict[str, torch.Tensor] = field(default_factory=dict)  # per-sample model inputs
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def _tensors(self) -> dict[str, torch.Tensor]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if isinstance(getattr(self, f.name), torch.Tensor)}
+
+    def select(self, index: list[int] | torch.Tensor) -> "Batch":
+        """The samples at ``index``, in that order."""
+        picked = {name: value[index] for name, value in self._tensors().items()}
+        return dataclasses.replace(self, **picked, extra={k: v[index] for k, v in self.extra.items()})
+
+    def split(self, parts: int) -> list["Batch"]:
+        """``parts`` contiguous shares of nearly equal size (a rank's share each); every
+        sample lands in exactly one, in order."""
+        if not 1 <= parts <= max(len(self), 1):
+            raise ValueError(f"cannot split {len(self)} samples into {parts} parts")
+        bounds = [round(i * len(self) / parts) for i in range(parts + 1)]
+        return [self.select(list(range(bounds[i], bounds[i + 1]))) for i in range(parts)]
+
+    @staticmethod
+    def concat(batches: list["Batch"]) -> "Batch":
+        """The samples of ``batches`` in order; they must share their padded widths."""
+        first = batches[0]
+        for b in batches[1:]:
+            if b.prompt_len != first.prompt_len or b.action_mask.shape[1] != first.action_mask.shape[1]:
+                raise ValueError("batches of different padded widths cannot be concatenated")
+        joined = {}
+        for f in dataclasses.fields(first):
+            values = [getattr(b, f.name) for b in batches]
+            if isinstance(values[0], torch.Tensor):
+                if any(v is None for v in values):
+                    raise ValueError(f"field {f.name!r} is set in some batches and not in others")
+                joined[f.name] = torch.cat(values)
+        extra = {k: torch.cat([b.extra[k] for b in batches]) for k in first.extra}
+        return dataclasses.replace(first, **joined, extra=extra)
+
+    def to(self, device) -> "Batch":
+        moved = {name: value.to(device) for name, value in self._tensors().items()}
+        return dataclasses.replace(self, **moved, extra={k: v.to(device) for k, v in self.extra.items()})
+
+    @property
+    def responses(self) -> torch.Tensor:
+        """The response tokens, [B, R]."""
+        return self.input_ids[:, self.prompt_len:]
