@@ -27,7 +27,7 @@ def stream(count):
 
 def test_only_mixed_groups_are_kept_and_more_prompts_are_drawn():
     sampler = build_host().get("register_samplers", "dynamic_filter")({"max_rounds": 5})
-    prompts, completions, rewards, metrics = rollout(stream(30), PatternEngine(), SamplingParams(n=N, seed=1),
+    prompts, completions, rewards, metrics = rollout(stream(30), PatternEngine().generate, SamplingParams(n=N, seed=1),
                                                      reward, sampler, batch=4)
     assert len(prompts) == 4 and len(completions) == len(rewards) == 4 * N
     assert all(p["prompt_ids"][0] % 3 == 1 for p in prompts)  # only groups with signal
@@ -36,7 +36,7 @@ def test_only_mixed_groups_are_kept_and_more_prompts_are_drawn():
 
 def test_out_of_rounds_the_batch_is_filled_without_repeats():
     sampler = build_host().get("register_samplers", "dynamic_filter")({"max_rounds": 0})
-    prompts, completions, _, metrics = rollout(stream(30), PatternEngine(), SamplingParams(n=N, seed=1),
+    prompts, completions, _, metrics = rollout(stream(30), PatternEngine().generate, SamplingParams(n=N, seed=1),
                                                reward, sampler, batch=6)
     ids = [p["prompt_ids"][0] for p in prompts]
     assert len(ids) == len(set(ids)) == 6 and len(completions) == 6 * N

@@ -6,12 +6,12 @@ import json
 import pytest
 import torch
 
-from rlx import models, online
+from rlx import online
 from rlx.config import resolve
-from rlx.engine import make_engine
 from rlx.plugins import build_host
 from rlx.rollout import Completion
 from rlx.run import run
+from rlx.workers.policy import PolicyWorker
 from rlx.testing import one_thread  # noqa: F401
 
 
@@ -26,15 +26,12 @@ def test_update_does_not_count_a_sequence_without_action_tokens(host, tiny_model
                                                                             "lr": 0.0},
                             "algorithm": {"rollout_batch_size": 1, "n_samples": 2,
                                           "loss_agg": "seq_mean_token_mean"}})
-    a, t, r = config.algorithm, config.training, config.rollout
-    model = models.load_causal_lm(config.model, torch.device("cpu"))
-    actor = make_engine(model, t, total_steps=1, micro_steps_per_step=1)
+    policy = PolicyWorker(config, spec, host, total_steps=1, micro_steps=1)
     completions = [Completion(0, [5, 6], [-1.0, -1.0], "", "length"), Completion(0, [], [], "", "stop")]
-    exp = online.batch_of_completions([[3, 4], [3, 4]], completions, 0, [1.0, 0.0], [0, 0], torch.device("cpu"))
-    online.score_experience(exp, actor=model, reference=None, critic=None, temperature=1.0, micro=2)
-    exp.advantages = torch.ones_like(exp.action_mask)
-    metrics = online.update(exp, actor, None, host.get("register_policy_losses", "ppo_clip"), None, None,
-                            a, t, r, 0.0, seed=0)
+    batch = online.batch_of_completions([[3, 4], [3, 4]], completions, 0, [1.0, 0.0], [0, 0], torch.device("cpu"))
+    batch.old_logp = policy.logprobs(batch)
+    batch.advantages = torch.ones_like(batch.action_mask)
+    metrics = policy.train(batch, beta=0.0, seed=0)
     # ratio 1, A = 1 on row 0's two tokens: its token mean is −1, and it is the only sequence
     assert metrics["loss/policy"] == pytest.approx(-1.0)
 

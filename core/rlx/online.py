@@ -23,6 +23,7 @@ import math
 import random
 import shutil
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +32,17 @@ import torch
 from rlx import data, models, ops
 from rlx.algorithm import AlgorithmSpec, call_with_accepted
 from rlx.batch import Batch
-from rlx.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from rlx.checkpoint import latest_checkpoint
 from rlx.config import RunConfig
-from rlx.engine import make_engine, save_hf
-from rlx.metrics import RunLogger
-from rlx.rewards import build_reward
-from rlx.rollout import NativeEngine, SamplingParams
 from rlx.errors import RunError
+from rlx.launch import LocalLauncher
+from rlx.metrics import RunLogger
+from rlx.rollout import SamplingParams
+from rlx.workers.critic import CriticWorker
+from rlx.workers.policy import PolicyWorker
+from rlx.workers.reference import ReferenceWorker
+from rlx.workers.reward import RewardWorker
+from rlx.workers.rollout import RolloutWorker
 
 
 def batch_of_completions(prompt_ids: list[list[int]], completions: list, pad_id: int, rewards: list[float],
@@ -67,49 +72,6 @@ def batch_of_completions(prompt_ids: list[list[int]], completions: list, pad_id:
         group_ids=torch.tensor(group_ids, device=device),
         rollout_logp=torch.tensor(logps, device=device, dtype=torch.float32) if has_logps else None,
     )
-
-
-def response_logits(model, exp: Batch) -> torch.Tensor:
-    """Logits that predict each response token: [B, R, V]."""
-    response_len = exp.action_mask.shape[1]
-    out = model(input_ids=exp.input_ids, attention_mask=exp.attention_mask, position_ids=exp.position_ids,
-                logits_to_keep=response_len + 1, use_cache=False)
-    return out.logits[:, :-1]
-
-
-def response_logprobs(model, exp: Batch, temperature: float, *, with_entropy: bool = False):
-    logits = response_logits(model, exp)
-    labels = exp.input_ids[:, exp.prompt_len:]
-    logp = ops.token_logprobs(logits, labels, temperature)
-    entropy = ops.entropy_from_logits(logits) if with_entropy else None
-    return logp, entropy
-
-
-def response_values(critic, exp: Batch) -> torch.Tensor:
-    """The critic's value of the state before each response token: [B, R]."""
-    values = models.token_values(critic, exp.input_ids, exp.attention_mask, exp.position_ids)
-    response_len = exp.action_mask.shape[1]
-    return values[:, exp.prompt_len - 1:exp.prompt_len - 1 + response_len].float()
-
-
-def _chunks(n: int, size: int) -> list[list[int]]:
-    return [list(range(i, min(i + size, n))) for i in range(0, n, size)]
-
-
-@torch.no_grad()
-def score_experience(exp: Batch, *, actor, reference, critic, temperature: float, micro: int) -> None:
-    """Fill in the old policy's log-probs, the reference's and the critic's values."""
-    old, ref, values = [], [], []
-    for index in _chunks(len(exp.rewards), micro):
-        part = exp.select(index)
-        old.append(response_logprobs(actor, part, temperature)[0])
-        if reference is not None:
-            ref.append(response_logprobs(reference, part, temperature)[0])
-        if critic is not None:
-            values.append(response_values(critic, part))
-    exp.old_logp = torch.cat(old)
-    exp.ref_logp = torch.cat(ref) if ref else None
-    exp.values = torch.cat(values) if values else None
 
 
 class AdaptiveKL:
@@ -142,22 +104,23 @@ class PromptStream:
         return out
 
 
-def generate_scored(prompts: list[dict], engine, params: SamplingParams, reward) -> tuple[list, Any]:
-    completions = engine.generate([p["prompt_ids"] for p in prompts], params)
+def generate_scored(prompts: list[dict], generate, params: SamplingParams, score) -> tuple[list, Any]:
+    """``generate(prompt_ids, params)`` completions of ``prompts`` and their ``score(...)``."""
+    completions = generate([p["prompt_ids"] for p in prompts], params)
     n = params.n
     texts = [p["prompt_text"] for p in prompts for _ in range(n)]
     labels = [p["label"] for p in prompts for _ in range(n)]
     columns: dict[str, list] = {}
     for key in prompts[0].get("columns", {}):
         columns[key] = [p["columns"].get(key) for p in prompts for _ in range(n)]
-    result = reward(texts, [c.text for c in completions], labels, columns)
+    result = score(texts, [c.text for c in completions], labels, columns)
     return completions, result
 
 
-def rollout(stream: PromptStream, engine, params: SamplingParams, reward, sampler, batch: int):
+def rollout(stream: PromptStream, generate, params: SamplingParams, score, sampler, batch: int):
     """Generate and score ``batch`` prompt groups; a sampler may reject groups and ask for more."""
     prompts = stream.take(batch)
-    completions, result = generate_scored(prompts, engine, params, reward)
+    completions, result = generate_scored(prompts, generate, params, score)
     metrics = dict(result.metrics)
     if sampler is None:
         return prompts, completions, result.rewards, metrics
@@ -175,7 +138,7 @@ def rollout(stream: PromptStream, engine, params: SamplingParams, reward, sample
         prompts = stream.take(batch)  # a whole batch per round, as DAPO draws, so rounds stay few
         # a fresh seed per round, or every round would draw the same random numbers
         params = dataclasses.replace(params, seed=None if params.seed is None else params.seed + round_ + 1)
-        completions, result = generate_scored(prompts, engine, params, reward)
+        completions, result = generate_scored(prompts, generate, params, score)
     metrics["sampler/pass_rate"] = len(kept) / seen
     metrics["sampler/rounds"] = round_ + 1
     # out of rounds: rejected groups fill the batch so that it keeps its size
@@ -185,14 +148,14 @@ def rollout(stream: PromptStream, engine, params: SamplingParams, reward, sample
 
 
 @torch.no_grad()
-def evaluate(prompts: list[dict], engine, reward, rollout_cfg, k: int, pass_score: float) -> dict[str, float]:
+def evaluate(prompts: list[dict], generate, score, rollout_cfg, k: int, pass_score: float) -> dict[str, float]:
     """Greedy score and sampled pass@k on held-out prompts."""
     if not prompts:
         return {}
     greedy = SamplingParams(n=1, greedy=True, max_new_tokens=rollout_cfg.max_new_tokens, stop=tuple(rollout_cfg.stop))
-    _, result = generate_scored(prompts, engine, greedy, reward)
+    _, result = generate_scored(prompts, generate, greedy, score)
     sampled = dataclasses.replace(_sampling(rollout_cfg, k), seed=0)
-    _, sampled_result = generate_scored(prompts, engine, sampled, reward)
+    _, sampled_result = generate_scored(prompts, generate, sampled, score)
     passed = [max(sampled_result.scores[i * k:(i + 1) * k]) >= pass_score for i in range(len(prompts))]
     return {
         "eval/greedy_score": sum(result.scores) / len(prompts),
@@ -217,7 +180,8 @@ def _load_prompts(config: RunConfig, host, tokenizer, split: str, log) -> list[d
     return [data.encode_prompt(r, tokenizer, config.data) for r in rows]
 
 
-def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bool, log=print) -> dict[str, float]:
+def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bool, log=print,
+          launcher=None) -> dict[str, float]:
     a, t, r = config.algorithm, config.training, config.rollout
     torch.manual_seed(t.seed)
     device = models.resolve_device(t.device)
@@ -233,61 +197,58 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
         raise RunError(f"no prompts in {config.data.path!r}")
 
     estimator = host.get("register_advantage_estimators", spec.estimator)
-    policy_loss = host.get("register_policy_losses", spec.policy_loss)
-    correction = (host.get("register_off_policy_corrections", a.off_policy_correction)
-                  if a.off_policy_correction else None)
-    value_loss = host.get("register_value_losses", spec.value_loss) if spec.value_loss else None
-    reward = build_reward(config.reward, host, device=device)
     sampler = host.get("register_samplers", a.sampler)(a.sampler_options) if a.sampler else None
-
-    samples = a.rollout_batch_size * a.n_samples
-    updates = samples * a.epochs // t.batch_size
-    total = t.max_steps or math.ceil(len(prompts) * t.epochs / a.rollout_batch_size)
-    micro_steps = t.batch_size // t.micro_batch_size
-    actor = make_engine(models.load_causal_lm(config.model, device), t, total_steps=total * updates,
-                        micro_steps_per_step=micro_steps)
-    reference = models.load_causal_lm(config.model, device, trainable=False) if a.kl_coef > 0 else None
-    critic = None
-    if value_loss is not None:
-        critic_cfg = dataclasses.replace(t, lr=a.critic_lr)
-        critic = make_engine(models.load_value_model(config.model, device), critic_cfg,
-                             total_steps=total * updates, micro_steps_per_step=micro_steps)
     engine_name = host.hook.choose_rollout_engine(config=config) or r.engine
     if engine_name not in ("auto", "native"):
         raise RunError(f"rollout.engine {engine_name!r} is not available in this launcher (use native)")
-    # the engine samples with the actor's own weights (no copy), inside any wrapper
-    generator = NativeEngine(models.hf_module(actor.model), tokenizer, device=device, max_batch_size=r.max_batch_size)
+
+    # the roles, placed by the launcher
+    samples = a.rollout_batch_size * a.n_samples
+    updates = samples * a.epochs // t.batch_size
+    total = t.max_steps or math.ceil(len(prompts) * t.epochs / a.rollout_batch_size)
+    sizes = dict(total_steps=total * updates, micro_steps=t.batch_size // t.micro_batch_size)
+    launcher = launcher or LocalLauncher()
+    reward = launcher.place("reward", lambda: RewardWorker(config, host))
+    policy = launcher.place("policy", lambda: PolicyWorker(config, spec, host, **sizes))
+    reference = launcher.place("reference", lambda: ReferenceWorker(config)) if a.kl_coef > 0 else None
+    critic = launcher.place("critic", lambda: CriticWorker(config, spec, host, **sizes)) if spec.value_loss else None
+    # the native engine samples with the policy's own weights (no copy), inside any wrapper
+    rollout_group = launcher.place("rollout", lambda: RolloutWorker.native(policy.worker.module(), tokenizer, config))
+    generate, score = partial(rollout_group.wait, "generate"), partial(reward.wait, "score")
+    if a.off_policy_correction:
+        host.get("register_off_policy_corrections", a.off_policy_correction)  # an unknown name fails now
+
     params = _sampling(r, a.n_samples)
     kl_coef = AdaptiveKL(a.kl_coef, a.kl_target, a.kl_horizon)
-
     step, stream = 0, PromptStream(prompts, t.seed)
     checkpoints = out / "checkpoints"
     if resume:
         path = latest_checkpoint(checkpoints)
         if path is None:
             raise RunError(f"--resume: no complete checkpoint under {checkpoints}")
-        state = load_checkpoint(path, actor)
+        state = policy.wait("load", path)
         if critic is not None:
-            load_checkpoint(checkpoints / f"critic_{state['step']:08d}", critic)
+            critic.wait("load", checkpoints / f"critic_{state['step']:08d}")
         step, stream.cursor, kl_coef.value = state["step"], state["cursor"], state["kl_coef"]
         log(f"resumed from {path} at step {step}")
 
     def checkpoint() -> None:
-        # the critic goes first: the actor's COMPLETE marker is what makes a step resumable
+        # the critic goes first: the policy's COMPLETE marker is what makes a step resumable
         if critic is not None:
-            save_checkpoint(checkpoints, step, critic, {}, keep=0, name=f"critic_{step:08d}")
+            critic.wait("save", checkpoints, step)
         state = {"step": step, "cursor": stream.cursor, "kl_coef": kl_coef.value}
-        save_checkpoint(checkpoints, step, actor, state, keep=config.checkpoint.keep)
-        if critic is not None and actor.rank == 0:
+        policy.wait("save", checkpoints, state=state, step=step, keep=config.checkpoint.keep)
+        if critic is not None and policy.wait("rank") == 0:
             kept = {p.name.removeprefix("step_") for p in checkpoints.glob("step_*") if p.is_dir()}
             for old in checkpoints.glob("critic_*"):
                 if old.name.removeprefix("critic_") not in kept:
                     shutil.rmtree(old, ignore_errors=True)
 
-    logger = RunLogger(out, config.logging, total, start_step=step, rank=actor.rank)
+    rank = policy.wait("rank")
+    logger = RunLogger(out, config.logging, total, start_step=step, rank=rank)
     pass_score = a.eval_pass_score
     if step == 0 and eval_prompts:
-        before = evaluate(eval_prompts, generator, reward, r, a.eval_k, pass_score)
+        before = evaluate(eval_prompts, generate, score, r, a.eval_k, pass_score)
         log(f"before training: greedy accuracy {before['eval/greedy_accuracy']:.1%}, "
             f"pass@{a.eval_k} {before[f'eval/pass@{a.eval_k}']:.1%}")
         logger.log(0, before)
@@ -296,51 +257,53 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
         # 1-2. rollout and reward
         started = time.perf_counter()
         params = dataclasses.replace(params, seed=t.seed * 1_000_003 + step)
-        batch_prompts, completions, rewards, metrics = rollout(
-            stream, generator, params, reward, sampler, a.rollout_batch_size)
+        batch_prompts, completions, rewards, metrics = rollout(stream, generate, params, score, sampler,
+                                                               a.rollout_batch_size)
         rollout_time = time.perf_counter() - started
         prompt_ids = [p["prompt_ids"] for p in batch_prompts for _ in range(a.n_samples)]
         group_ids = [i for i in range(len(batch_prompts)) for _ in range(a.n_samples)]
-        exp = batch_of_completions(prompt_ids, completions, tokenizer.pad_token_id, rewards, group_ids, device)
-        if correction is not None and exp.rollout_logp is None:
+        batch = batch_of_completions(prompt_ids, completions, tokenizer.pad_token_id, rewards, group_ids, device)
+        if a.off_policy_correction and batch.rollout_logp is None:
             raise RunError(f"algorithm.off_policy_correction={a.off_policy_correction!r} needs the rollout "
                            f"engine's log-probs, and engine {engine_name!r} returns none")
-        lengths = exp.action_mask.sum(-1)
-        raw_rewards = exp.rewards
+        lengths = batch.action_mask.sum(-1)
+        raw_rewards = batch.rewards
         if a.overlong_buffer:
-            exp.rewards = ops.overlong_penalty(exp.rewards, lengths, r.max_new_tokens, a.overlong_buffer,
-                                               a.overlong_factor)
+            batch.rewards = ops.overlong_penalty(batch.rewards, lengths, r.max_new_tokens, a.overlong_buffer,
+                                                 a.overlong_factor)
 
         # 3. old log-probs, reference log-probs, values
         started = time.perf_counter()
-        actor.model.eval()
-        score_experience(exp, actor=actor.model, reference=reference, critic=critic.model if critic else None,
-                         temperature=r.temperature, micro=t.micro_batch_size)
-        kl = ops.kl_estimator(a.kl_estimator)(exp.old_logp, exp.ref_logp) if reference is not None else None
+        batch.old_logp = policy.wait("logprobs", batch)
+        batch.ref_logp = reference.wait("logprobs", batch) if reference is not None else None
+        batch.values = critic.wait("values", batch) if critic is not None else None
+        kl = ops.kl_estimator(a.kl_estimator)(batch.old_logp, batch.ref_logp) if reference is not None else None
 
         # 4. advantages
         estimated = call_with_accepted(
-            estimator, exp.rewards, exp.action_mask, kl=None if a.kl_loss else kl, beta=kl_coef.value,
-            values=exp.values, group_ids=exp.group_ids, n_samples=a.n_samples, config=a)
-        exp.advantages, exp.returns = estimated[:2]
+            estimator, batch.rewards, batch.action_mask, kl=None if a.kl_loss else kl, beta=kl_coef.value,
+            values=batch.values, group_ids=batch.group_ids, n_samples=a.n_samples, config=a)
+        batch.advantages, batch.returns = estimated[:2]
         estimator_metrics = estimated[2] if len(estimated) > 2 else {}
 
-        # 5. updates
-        actor.model.train()
-        train_metrics = update(exp, actor, critic, policy_loss, correction, value_loss, a, t, r, kl_coef.value,
-                               seed=t.seed * 7919 + step)
+        # 5. updates (the policy's weights are the native engine's: nothing to sync)
+        seed = t.seed * 7919 + step
+        trained = [policy.call("train", batch, beta=kl_coef.value, seed=seed)]
+        if critic is not None:
+            trained.append(critic.call("train", batch, seed=seed))
+        train_metrics = {k: v for futures in trained for k, v in futures[0].result().items()}
         train_time = time.perf_counter() - started
         step += 1
 
-        mean_kl = ops.masked_mean(kl, exp.action_mask).item() if kl is not None else 0.0
+        mean_kl = ops.masked_mean(kl, batch.action_mask).item() if kl is not None else 0.0
         kl_coef.update(mean_kl, samples)
-        generated = exp.action_mask.sum().item()
+        generated = batch.action_mask.sum().item()
         metrics.update(train_metrics)
         metrics.update(estimator_metrics)
         metrics.update({
             "reward/mean": raw_rewards.mean().item(),
             "reward/std": raw_rewards.std().item() if len(raw_rewards) > 1 else 0.0,
-            "advantage/mean": ops.masked_mean(exp.advantages, exp.action_mask).item(),
+            "advantage/mean": ops.masked_mean(batch.advantages, batch.action_mask).item(),
             "kl": mean_kl,
             "kl_coef": kl_coef.value,
             "response_length/mean": lengths.mean().item(),
@@ -348,9 +311,9 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
             "time/train": train_time,
             "tokens_per_s/rollout": generated / max(rollout_time, 1e-9),
         })
-        host.hook.on_rollout_end(step=step, rollout=exp, metrics=metrics)
+        host.hook.on_rollout_end(step=step, rollout=batch, metrics=metrics)
         if (a.eval_every and step % a.eval_every == 0) or step == total:
-            evaluated = evaluate(eval_prompts, generator, reward, r, a.eval_k, pass_score)
+            evaluated = evaluate(eval_prompts, generate, score, r, a.eval_k, pass_score)
             metrics.update(evaluated)
             host.hook.on_eval_end(step=step, metrics=evaluated)
         logger.log(step, metrics)
@@ -363,75 +326,7 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
         log(f"after training: greedy accuracy {metrics['eval/greedy_accuracy']:.1%}, "
             f"pass@{a.eval_k} {metrics[f'eval/pass@{a.eval_k}']:.1%}")
     if config.checkpoint.save_final:
-        save_hf(actor, tokenizer, out / "final")
+        policy.wait("save_final", tokenizer, out / "final")
         if critic is not None:
-            save_hf(critic, tokenizer, out / "final_critic")
+            critic.wait("save_final", tokenizer, out / "final_critic")
     return metrics
-
-
-def update(exp: Batch, actor, critic, policy_loss, correction, value_loss, a, t, r, beta: float,
-           seed: int) -> dict:
-    """``epochs`` passes of mini-batch updates over the rollout batch."""
-    rng = random.Random(seed)
-    sums: dict[str, float] = {}
-    count = 0
-    n = len(exp.rewards)
-    kl_fn = ops.kl_estimator(a.kl_estimator)
-    for _ in range(a.epochs):
-        order = list(range(n))
-        rng.shuffle(order)
-        for start in range(0, n, t.batch_size):
-            batch = exp.select(order[start:start + t.batch_size])
-            tokens = actor.all_reduce_sum(batch.action_mask.sum()).item()
-            seqs = actor.all_reduce_sum(ops.sequence_count(batch.action_mask).float()).item()
-            agg = dict(token_count=tokens, seq_count=seqs, max_len=r.max_new_tokens)
-            step_metrics: dict[str, float] = {}
-            for index in _chunks(len(batch.rewards), t.micro_batch_size):
-                micro = batch.select(index)
-                logp, entropy = response_logprobs(actor.model, micro, r.temperature, with_entropy=True)
-                per_token, extra = call_with_accepted(policy_loss, logp, micro.old_logp, micro.advantages,
-                                                      micro.action_mask, config=a, rollout_logp=micro.rollout_logp)
-                if correction is not None:
-                    per_token, corrected = correction(per_token, micro.old_logp, micro.rollout_logp,
-                                                      micro.action_mask, config=a)
-                    extra = {**extra, **corrected}
-                loss = ops.aggregate(per_token, micro.action_mask, a.loss_agg, **agg)
-                policy = loss.item()
-                if a.kl_loss and micro.ref_logp is not None:
-                    loss = loss + beta * ops.aggregate(kl_fn(logp, micro.ref_logp), micro.action_mask,
-                                                       a.loss_agg, **agg)
-                entropy_term = ops.aggregate(entropy, micro.action_mask, a.loss_agg, **agg)
-                if a.entropy_coef:
-                    loss = loss - a.entropy_coef * entropy_term
-                actor.backward(loss * actor.world_size)
-                share = micro.action_mask.sum().item() / tokens
-                _add(step_metrics, {"loss/policy": policy, "entropy": entropy_term.item()})
-                _add(step_metrics, {k: v.item() * share for k, v in extra.items()})
-                if critic is not None:
-                    values = response_values(critic.model, micro)
-                    per_token, extra = value_loss(values, micro.values, micro.returns, micro.action_mask, config=a)
-                    vloss = ops.aggregate(per_token, micro.action_mask, "token_mean", token_count=tokens)
-                    critic.backward(vloss * critic.world_size)
-                    _add(step_metrics, {"loss/value": vloss.item(),
-                                        **{f"value/{k}": v.item() * share for k, v in extra.items()}})
-            step_metrics = _sum_over_ranks(actor, step_metrics)
-            _add(step_metrics, actor.step())
-            if critic is not None:
-                _add(step_metrics, {f"critic/{k}": v for k, v in critic.step().items()})
-            _add(sums, step_metrics)
-            count += 1
-    return {k: v / count for k, v in sums.items()}
-
-
-def _sum_over_ranks(engine, metrics: dict[str, float]) -> dict[str, float]:
-    """Each rank holds its share of a step's metrics; the step's value is their sum."""
-    if engine.world_size == 1:
-        return metrics
-    keys = sorted(metrics)
-    total = engine.all_reduce_sum(torch.tensor([metrics[k] for k in keys], dtype=torch.float64))
-    return dict(zip(keys, total.tolist()))
-
-
-def _add(into: dict[str, float], values: dict[str, float]) -> None:
-    for k, v in values.items():
-        into[k] = into.get(k, 0.0) + float(v)

@@ -1,0 +1,18 @@
+"""The handle a launcher gives the driver for each role."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from typing import Any, Protocol
+
+
+class RoleGroup(Protocol):
+    """One role's workers (its data-parallel ranks). ``call`` runs a method on every rank
+    and returns one future per rank; ``wait`` is the common case of calling and waiting
+    for rank 0's result (every rank's call has finished when it returns)."""
+
+    role: str
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> list[Future]: ...
+
+    def wait(self, method: str, *args: Any, **kwargs: Any) -> Any: ...

@@ -1,0 +1,72 @@
+"""The critic worker: a value model (PPO/GAE) and its engine."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from pathlib import Path
+
+import torch
+
+from rlx import models, ops
+from rlx.batch import Batch
+from rlx.checkpoint import load_checkpoint, save_checkpoint
+from rlx.engine import make_engine, save_hf
+from rlx.workers.forward import batched, chunks, response_values
+from rlx.workers.policy import _add, sum_over_ranks
+
+
+class CriticWorker:
+    """Holds the value model in its own engine (learning rate ``algorithm.critic_lr``);
+    computes values and trains on returns with the algorithm's value loss."""
+
+    def __init__(self, config, spec, host, *, total_steps: int, micro_steps: int):
+        self.a, self.t = config.algorithm, config.training
+        device = models.resolve_device(self.t.device)
+        cfg = dataclasses.replace(self.t, lr=self.a.critic_lr)
+        self.engine = make_engine(models.load_value_model(config.model, device), cfg, total_steps=total_steps,
+                                  micro_steps_per_step=micro_steps)
+        self.value_loss = host.get("register_value_losses", spec.value_loss)
+
+    def values(self, batch: Batch) -> torch.Tensor:
+        self.engine.model.eval()
+        return batched(lambda part: response_values(self.engine.model, part), batch, self.t.micro_batch_size)
+
+    def train(self, batch: Batch, *, seed: int) -> dict[str, float]:
+        """The same shuffled mini-batches as the policy's (same ``seed``), token-mean value loss."""
+        a, t, engine = self.a, self.t, self.engine
+        engine.model.train()
+        rng = random.Random(seed)
+        sums: dict[str, float] = {}
+        count = 0
+        for _ in range(a.epochs):
+            order = list(range(len(batch)))
+            rng.shuffle(order)
+            for start in range(0, len(batch), t.batch_size):
+                step = batch.select(order[start:start + t.batch_size])
+                tokens = engine.all_reduce_sum(step.action_mask.sum()).item()
+                metrics: dict[str, float] = {}
+                for index in chunks(len(step), t.micro_batch_size):
+                    micro = step.select(index)
+                    values = response_values(engine.model, micro)
+                    per_token, extra = self.value_loss(values, micro.values, micro.returns, micro.action_mask,
+                                                       config=a)
+                    loss = ops.aggregate(per_token, micro.action_mask, "token_mean", token_count=tokens)
+                    engine.backward(loss * engine.world_size)
+                    share = micro.action_mask.sum().item() / tokens
+                    _add(metrics, {"loss/value": loss.item(), **{f"value/{k}": v.item() * share
+                                                                  for k, v in extra.items()}})
+                metrics = sum_over_ranks(engine, metrics)
+                _add(metrics, {f"critic/{k}": v for k, v in engine.step().items()})
+                _add(sums, metrics)
+                count += 1
+        return {k: v / count for k, v in sums.items()}
+
+    def save(self, checkpoints: Path, step: int) -> Path:
+        return save_checkpoint(checkpoints, step, self.engine, {}, keep=0, name=f"critic_{step:08d}")
+
+    def load(self, path: Path) -> None:
+        load_checkpoint(path, self.engine)
+
+    def save_final(self, tokenizer, out: Path) -> None:
+        save_hf(self.engine, tokenizer, out)

@@ -1,0 +1,112 @@
+"""The policy (actor) worker: the trained model and its engine."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import torch
+
+from rlx import models, ops
+from rlx.algorithm import call_with_accepted
+from rlx.batch import Batch
+from rlx.checkpoint import load_checkpoint, save_checkpoint
+from rlx.engine import make_engine, save_hf
+from rlx.workers.forward import batched, chunks, response_logprobs
+
+
+class PolicyWorker:
+    """Holds the policy model in a training engine (plain or DeepSpeed); computes its
+    log-probs and trains it on a scored batch with the algorithm's losses, looked up by
+    name in this process's own plugin host."""
+
+    def __init__(self, config, spec, host, *, total_steps: int, micro_steps: int):
+        self.config, self.a, self.t, self.r = config, config.algorithm, config.training, config.rollout
+        device = models.resolve_device(self.t.device)
+        self.engine = make_engine(models.load_causal_lm(config.model, device), self.t, total_steps=total_steps,
+                                  micro_steps_per_step=micro_steps)
+        self.policy_loss = host.get("register_policy_losses", spec.policy_loss)
+        name = getattr(self.a, "off_policy_correction", "")
+        self.correction = host.get("register_off_policy_corrections", name) if name else None
+        self.kl = ops.kl_estimator(self.a.kl_estimator) if hasattr(self.a, "kl_estimator") else None
+
+    def rank(self) -> int:
+        """This worker's data-parallel rank (rank 0 writes the run's files)."""
+        return self.engine.rank
+
+    def module(self) -> torch.nn.Module:
+        """The Hugging Face module itself (the local launcher's rollout samples with it)."""
+        return models.hf_module(self.engine.model)
+
+    def logprobs(self, batch: Batch) -> torch.Tensor:
+        """log π(response tokens) under the current weights, [B, R]."""
+        self.engine.model.eval()
+        return batched(lambda part: response_logprobs(self.engine.model, part, self.r.temperature)[0], batch,
+                       self.t.micro_batch_size)
+
+    def train(self, batch: Batch, *, beta: float, seed: int) -> dict[str, float]:
+        """``algorithm.epochs`` passes of shuffled mini-batch updates over ``batch``, one
+        optimizer step per ``training.batch_size`` samples; the mean metrics of the steps."""
+        a, t, r, engine = self.a, self.t, self.r, self.engine
+        engine.model.train()
+        rng = random.Random(seed)
+        sums: dict[str, float] = {}
+        count = 0
+        for _ in range(a.epochs):
+            order = list(range(len(batch)))
+            rng.shuffle(order)
+            for start in range(0, len(batch), t.batch_size):
+                step = batch.select(order[start:start + t.batch_size])
+                tokens = engine.all_reduce_sum(step.action_mask.sum()).item()
+                seqs = engine.all_reduce_sum(ops.sequence_count(step.action_mask).float()).item()
+                agg = dict(token_count=tokens, seq_count=seqs, max_len=r.max_new_tokens)
+                metrics: dict[str, float] = {}
+                for index in chunks(len(step), t.micro_batch_size):
+                    _add(metrics, self._micro_step(step.select(index), beta, tokens, agg))
+                metrics = sum_over_ranks(engine, metrics)
+                _add(metrics, engine.step())
+                _add(sums, metrics)
+                count += 1
+        return {k: v / count for k, v in sums.items()}
+
+    def _micro_step(self, micro: Batch, beta: float, tokens: float, agg: dict) -> dict[str, float]:
+        a, engine, mask = self.a, self.engine, micro.action_mask
+        logp, entropy = response_logprobs(engine.model, micro, self.r.temperature, with_entropy=True)
+        per_token, extra = call_with_accepted(self.policy_loss, logp, micro.old_logp, micro.advantages, mask,
+                                              config=a, rollout_logp=micro.rollout_logp)
+        if self.correction is not None:
+            per_token, corrected = self.correction(per_token, micro.old_logp, micro.rollout_logp, mask, config=a)
+            extra = {**extra, **corrected}
+        loss = ops.aggregate(per_token, mask, a.loss_agg, **agg)
+        policy = loss.item()
+        if a.kl_loss and micro.ref_logp is not None:
+            loss = loss + beta * ops.aggregate(self.kl(logp, micro.ref_logp), mask, a.loss_agg, **agg)
+        entropy_term = ops.aggregate(entropy, mask, a.loss_agg, **agg)
+        if a.entropy_coef:
+            loss = loss - a.entropy_coef * entropy_term
+        engine.backward(loss * engine.world_size)
+        share = mask.sum().item() / tokens
+        return {"loss/policy": policy, "entropy": entropy_term.item(), **{k: v.item() * share for k, v in extra.items()}}
+
+    def save(self, checkpoints: Path, step: int, state: dict, keep: int) -> Path:
+        return save_checkpoint(checkpoints, step, self.engine, state, keep=keep)
+
+    def load(self, path: Path) -> dict:
+        return load_checkpoint(path, self.engine)
+
+    def save_final(self, tokenizer, out: Path) -> None:
+        save_hf(self.engine, tokenizer, out)
+
+
+def sum_over_ranks(engine, metrics: dict[str, float]) -> dict[str, float]:
+    """Each rank holds its share of a step's metrics; the step's value is their sum."""
+    if engine.world_size == 1:
+        return metrics
+    keys = sorted(metrics)
+    total = engine.all_reduce_sum(torch.tensor([metrics[k] for k in keys], dtype=torch.float64))
+    return dict(zip(keys, total.tolist()))
+
+
+def _add(into: dict[str, float], values: dict[str, float]) -> None:
+    for k, v in values.items():
+        into[k] = into.get(k, 0.0) + float(v)

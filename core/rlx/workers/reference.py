@@ -1,0 +1,19 @@
+"""The reference worker: a frozen copy of the starting policy, for KL terms."""
+
+from __future__ import annotations
+
+import torch
+
+from rlx import models
+from rlx.batch import Batch
+from rlx.workers.forward import batched, response_logprobs
+
+
+class ReferenceWorker:
+    def __init__(self, config):
+        self.temperature, self.micro = config.rollout.temperature, config.training.micro_batch_size
+        device = models.resolve_device(config.training.device)
+        self.model = models.load_causal_lm(config.model, device, trainable=False)
+
+    def logprobs(self, batch: Batch) -> torch.Tensor:
+        return batched(lambda part: response_logprobs(self.model, part, self.temperature)[0], batch, self.micro)
