@@ -26,7 +26,7 @@ def test_update_does_not_count_a_sequence_without_action_tokens(host, tiny_model
                                                                             "lr": 0.0},
                             "algorithm": {"rollout_batch_size": 1, "n_samples": 2,
                                           "loss_agg": "seq_mean_token_mean"}})
-    policy = PolicyWorker(config, spec, host, total_steps=1, micro_steps=1)
+    policy = PolicyWorker(config, host, total_steps=1, micro_steps=1)
     completions = [Completion(0, [5, 6], [-1.0, -1.0], "", "length"), Completion(0, [], [], "", "stop")]
     batch = online.batch_of_completions([[3, 4], [3, 4]], completions, 0, [1.0, 0.0], [0, 0], torch.device("cpu"))
     batch.old_logp = policy.logprobs(batch)

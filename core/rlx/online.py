@@ -207,13 +207,12 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
     updates = samples * a.epochs // t.batch_size
     total = t.max_steps or math.ceil(len(prompts) * t.epochs / a.rollout_batch_size)
     sizes = dict(total_steps=total * updates, micro_steps=t.batch_size // t.micro_batch_size)
-    launcher = launcher or LocalLauncher()
-    reward = launcher.place("reward", lambda: RewardWorker(config, host))
-    policy = launcher.place("policy", lambda: PolicyWorker(config, spec, host, **sizes))
-    reference = launcher.place("reference", lambda: ReferenceWorker(config)) if a.kl_coef > 0 else None
-    critic = launcher.place("critic", lambda: CriticWorker(config, spec, host, **sizes)) if spec.value_loss else None
-    # the native engine samples with the policy's own weights (no copy), inside any wrapper
-    rollout_group = launcher.place("rollout", lambda: RolloutWorker.native(policy.worker.module(), tokenizer, config))
+    launcher = launcher or LocalLauncher(host)
+    reward = launcher.place("reward", RewardWorker, config)
+    policy = launcher.place("policy", PolicyWorker, config, **sizes)
+    reference = launcher.place("reference", ReferenceWorker, config) if a.kl_coef > 0 else None
+    critic = launcher.place("critic", CriticWorker, config, **sizes) if spec.value_loss else None
+    rollout_group = launcher.place_rollout(policy, config, tokenizer)
     generate, score = partial(rollout_group.wait, "generate"), partial(reward.wait, "score")
     if a.off_policy_correction:
         host.get("register_off_policy_corrections", a.off_policy_correction)  # an unknown name fails now
@@ -286,12 +285,15 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
         batch.advantages, batch.returns = estimated[:2]
         estimator_metrics = estimated[2] if len(estimated) > 2 else {}
 
-        # 5. updates (the policy's weights are the native engine's: nothing to sync)
+        # 5. updates, then the new weights to the rollout engine (nothing to send when it
+        # samples with the policy's own module)
         seed = t.seed * 7919 + step
         trained = [policy.call("train", batch, beta=kl_coef.value, seed=seed)]
         if critic is not None:
             trained.append(critic.call("train", batch, seed=seed))
         train_metrics = {k: v for futures in trained for k, v in futures[0].result().items()}
+        if not launcher.shares_weights:
+            rollout_group.wait("update_weights", policy.wait("state_dict"))
         train_time = time.perf_counter() - started
         step += 1
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 from concurrent.futures import Future
-from typing import Any, Callable
+from typing import Any
 
 
 class LocalGroup:
@@ -26,9 +27,21 @@ class LocalGroup:
 
 
 class LocalLauncher:
-    """Builds each worker in this process; ``place(role, factory)`` returns its group."""
+    """Builds each worker in this process, sharing the driver's plugin host;
+    ``place(role, cls, *args)`` returns the role's group."""
 
     name = "local"
+    shares_weights = True  # the rollout engine samples with the policy's own module
 
-    def place(self, role: str, factory: Callable[[], Any]) -> LocalGroup:
-        return LocalGroup(role, factory())
+    def __init__(self, host):
+        self.host = host
+
+    def place(self, role: str, cls: type, *args: Any, **kwargs: Any) -> LocalGroup:
+        if "host" in inspect.signature(cls).parameters:
+            kwargs["host"] = self.host
+        return LocalGroup(role, cls(*args, **kwargs))
+
+    def place_rollout(self, policy: LocalGroup, config, tokenizer) -> LocalGroup:
+        from rlx.workers.rollout import RolloutWorker
+
+        return LocalGroup("rollout", RolloutWorker.native(config, tokenizer, module=policy.worker.module()))

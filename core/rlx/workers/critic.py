@@ -13,16 +13,18 @@ from rlx.batch import Batch
 from rlx.checkpoint import load_checkpoint, save_checkpoint
 from rlx.engine import make_engine, save_hf
 from rlx.workers.forward import batched, chunks, response_values
-from rlx.workers.policy import _add, sum_over_ranks
+from rlx.workers.policy import _add, own_host, sum_over_ranks
 
 
 class CriticWorker:
     """Holds the value model in its own engine (learning rate ``algorithm.critic_lr``);
     computes values and trains on returns with the algorithm's value loss."""
 
-    def __init__(self, config, spec, host, *, total_steps: int, micro_steps: int):
+    def __init__(self, config, host=None, *, total_steps: int, micro_steps: int):
+        host, spec = own_host(config, host)
         self.a, self.t = config.algorithm, config.training
         device = models.resolve_device(self.t.device)
+        torch.manual_seed(self.t.seed)  # the same value head wherever a launcher builds this worker
         cfg = dataclasses.replace(self.t, lr=self.a.critic_lr)
         self.engine = make_engine(models.load_value_model(config.model, device), cfg, total_steps=total_steps,
                                   micro_steps_per_step=micro_steps)

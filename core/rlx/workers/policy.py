@@ -20,9 +20,11 @@ class PolicyWorker:
     log-probs and trains it on a scored batch with the algorithm's losses, looked up by
     name in this process's own plugin host."""
 
-    def __init__(self, config, spec, host, *, total_steps: int, micro_steps: int):
+    def __init__(self, config, host=None, *, total_steps: int, micro_steps: int):
+        host, spec = own_host(config, host)
         self.config, self.a, self.t, self.r = config, config.algorithm, config.training, config.rollout
         device = models.resolve_device(self.t.device)
+        torch.manual_seed(self.t.seed)  # the same weights wherever a launcher builds this worker
         self.engine = make_engine(models.load_causal_lm(config.model, device), self.t, total_steps=total_steps,
                                   micro_steps_per_step=micro_steps)
         self.policy_loss = host.get("register_policy_losses", spec.policy_loss)
@@ -88,6 +90,11 @@ class PolicyWorker:
         share = mask.sum().item() / tokens
         return {"loss/policy": policy, "entropy": entropy_term.item(), **{k: v.item() * share for k, v in extra.items()}}
 
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The full weights on the CPU, for rollout engines that hold their own copy (rank 0;
+        None on the others)."""
+        return self.engine.full_state_dict()
+
     def save(self, checkpoints: Path, step: int, state: dict, keep: int) -> Path:
         return save_checkpoint(checkpoints, step, self.engine, state, keep=keep)
 
@@ -110,3 +117,14 @@ def sum_over_ranks(engine, metrics: dict[str, float]) -> dict[str, float]:
 def _add(into: dict[str, float], values: dict[str, float]) -> None:
     for k, v in values.items():
         into[k] = into.get(k, 0.0) + float(v)
+
+
+def own_host(config, host=None):
+    """The plugin host a worker looks its parts up in, and the run's algorithm spec. A
+    worker in another process gets no host from the driver (registries do not pickle) and
+    builds its own from the installed plugins and the run's local ones."""
+    if host is None:
+        from rlx.plugins import build_host
+
+        host = build_host(config.plugins)
+    return host, host.algorithms.get(config.algo)

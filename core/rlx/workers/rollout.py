@@ -13,10 +13,14 @@ class RolloutWorker:
         self.engine = engine
 
     @classmethod
-    def native(cls, module, tokenizer, config) -> "RolloutWorker":
+    def native(cls, config, tokenizer, module=None) -> "RolloutWorker":
+        """The native engine over ``module`` (the policy's own, shared), or over a copy of
+        the starting model that ``update_weights`` keeps in step with the policy."""
         from rlx import models
 
         device = models.resolve_device(config.training.device)
+        if module is None:
+            module = models.load_causal_lm(config.model, device, trainable=False)
         return cls(NativeEngine(module, tokenizer, device=device, max_batch_size=config.rollout.max_batch_size))
 
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> list[Completion]:
