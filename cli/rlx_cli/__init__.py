@@ -71,6 +71,9 @@ def train(
     overrides: Optional[List[str]] = typer.Option(None, "--set", "-s", help="dotted.key=value override, repeatable"),
     plugin: Optional[List[str]] = typer.Option(None, "--plugin", help="local plugin module:attr, repeatable"),
     resume: bool = typer.Option(False, "--resume", help="continue from the latest checkpoint in the output folder"),
+    launcher: Optional[str] = typer.Option(None, "--launcher", help="local (default) or ray (launcher.name)"),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address",
+                                              help="join a Ray cluster started with `ray start --head`"),
 ):
     """Train a model with an installed algorithm."""
     from rlx.config import ConfigError, demo_settings, load_yaml, parse_override, resolve, set_dotted
@@ -83,7 +86,8 @@ def train(
             fail(unknown_algorithm(algo, host))
         spec = host.algorithms.get(algo)
         for key, value in [("model.path", model), ("data.path", data), ("output", output),
-                           ("training.max_steps", max_steps)]:
+                           ("training.max_steps", max_steps), ("launcher.name", launcher),
+                           ("launcher.ray_address", ray_address)]:
             if value is not None:
                 set_dotted(tree, key, value)
         if reward:

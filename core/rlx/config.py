@@ -125,6 +125,13 @@ class RewardConfig:
 
 
 @dataclass
+class LauncherConfig:
+    name: Literal["local", "ray"] = opt("local", "where the roles run: local (this process, one device) or ray")
+    ray_address: str = opt("", "join this Ray cluster (started with `ray start --head`); empty: start one here")
+    ray_num_cpus: int = opt(8, "logical CPUs of a Ray cluster started here (a scheduling label, not a limit)")
+
+
+@dataclass
 class RunConfig:
     algo: str = opt("", "algorithm name")
     output: str = opt("", "output folder (default: runs/ALGO-TIMESTAMP)")
@@ -136,6 +143,7 @@ class RunConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
     algorithm: Any = None  # the algorithm's own config class
 
 
@@ -370,6 +378,14 @@ def validate(config: RunConfig) -> None:
     for ok, message in checks:
         if not ok:
             raise ConfigError(message)
+    if config.launcher.name == "ray":
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            raise ConfigError("launcher.name is ray, but Ray is not installed: pip install 'rlx[ray]'")
+        if config.algorithm is not None and not hasattr(config.algorithm, "rollout_batch_size"):
+            raise ConfigError(f"launcher.name is ray, but {config.algo} is an offline algorithm, which runs under "
+                              f"the local launcher only for now")
     check = getattr(config.algorithm, "validate", None)
     if check is not None:
         check(config)

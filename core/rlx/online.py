@@ -35,7 +35,7 @@ from rlx.batch import Batch
 from rlx.checkpoint import latest_checkpoint
 from rlx.config import RunConfig
 from rlx.errors import RunError
-from rlx.launch import LocalLauncher
+from rlx.launch import make_launcher
 from rlx.metrics import RunLogger
 from rlx.rollout import SamplingParams
 from rlx.workers.critic import CriticWorker
@@ -180,8 +180,7 @@ def _load_prompts(config: RunConfig, host, tokenizer, split: str, log) -> list[d
     return [data.encode_prompt(r, tokenizer, config.data) for r in rows]
 
 
-def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bool, log=print,
-          launcher=None) -> dict[str, float]:
+def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bool, log=print) -> dict[str, float]:
     a, t, r = config.algorithm, config.training, config.rollout
     torch.manual_seed(t.seed)
     device = models.resolve_device(t.device)
@@ -207,128 +206,131 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
     updates = samples * a.epochs // t.batch_size
     total = t.max_steps or math.ceil(len(prompts) * t.epochs / a.rollout_batch_size)
     sizes = dict(total_steps=total * updates, micro_steps=t.batch_size // t.micro_batch_size)
-    launcher = launcher or LocalLauncher(host)
-    reward = launcher.place("reward", RewardWorker, config)
-    policy = launcher.place("policy", PolicyWorker, config, **sizes)
-    reference = launcher.place("reference", ReferenceWorker, config) if a.kl_coef > 0 else None
-    critic = launcher.place("critic", CriticWorker, config, **sizes) if spec.value_loss else None
-    rollout_group = launcher.place_rollout(policy, config, tokenizer)
-    generate, score = partial(rollout_group.wait, "generate"), partial(reward.wait, "score")
-    if a.off_policy_correction:
-        host.get("register_off_policy_corrections", a.off_policy_correction)  # an unknown name fails now
+    launcher = make_launcher(config, host)
+    try:
+        reward = launcher.place("reward", RewardWorker, config)
+        policy = launcher.place("policy", PolicyWorker, config, **sizes)
+        reference = launcher.place("reference", ReferenceWorker, config) if a.kl_coef > 0 else None
+        critic = launcher.place("critic", CriticWorker, config, **sizes) if spec.value_loss else None
+        rollout_group = launcher.place_rollout(policy, config, tokenizer)
+        generate, score = partial(rollout_group.wait, "generate"), partial(reward.wait, "score")
+        if a.off_policy_correction:
+            host.get("register_off_policy_corrections", a.off_policy_correction)  # an unknown name fails now
 
-    params = _sampling(r, a.n_samples)
-    kl_coef = AdaptiveKL(a.kl_coef, a.kl_target, a.kl_horizon)
-    step, stream = 0, PromptStream(prompts, t.seed)
-    checkpoints = out / "checkpoints"
-    if resume:
-        path = latest_checkpoint(checkpoints)
-        if path is None:
-            raise RunError(f"--resume: no complete checkpoint under {checkpoints}")
-        state = policy.wait("load", path)
-        if critic is not None:
-            critic.wait("load", checkpoints / f"critic_{state['step']:08d}")
-        step, stream.cursor, kl_coef.value = state["step"], state["cursor"], state["kl_coef"]
-        log(f"resumed from {path} at step {step}")
+        params = _sampling(r, a.n_samples)
+        kl_coef = AdaptiveKL(a.kl_coef, a.kl_target, a.kl_horizon)
+        step, stream = 0, PromptStream(prompts, t.seed)
+        checkpoints = out / "checkpoints"
+        if resume:
+            path = latest_checkpoint(checkpoints)
+            if path is None:
+                raise RunError(f"--resume: no complete checkpoint under {checkpoints}")
+            state = policy.wait("load", path)
+            if critic is not None:
+                critic.wait("load", checkpoints / f"critic_{state['step']:08d}")
+            step, stream.cursor, kl_coef.value = state["step"], state["cursor"], state["kl_coef"]
+            log(f"resumed from {path} at step {step}")
 
-    def checkpoint() -> None:
-        # the critic goes first: the policy's COMPLETE marker is what makes a step resumable
-        if critic is not None:
-            critic.wait("save", checkpoints, step)
-        state = {"step": step, "cursor": stream.cursor, "kl_coef": kl_coef.value}
-        policy.wait("save", checkpoints, state=state, step=step, keep=config.checkpoint.keep)
-        if critic is not None and policy.wait("rank") == 0:
-            kept = {p.name.removeprefix("step_") for p in checkpoints.glob("step_*") if p.is_dir()}
-            for old in checkpoints.glob("critic_*"):
-                if old.name.removeprefix("critic_") not in kept:
-                    shutil.rmtree(old, ignore_errors=True)
+        def checkpoint() -> None:
+            # the critic goes first: the policy's COMPLETE marker is what makes a step resumable
+            if critic is not None:
+                critic.wait("save", checkpoints, step)
+            state = {"step": step, "cursor": stream.cursor, "kl_coef": kl_coef.value}
+            policy.wait("save", checkpoints, state=state, step=step, keep=config.checkpoint.keep)
+            if critic is not None and policy.wait("rank") == 0:
+                kept = {p.name.removeprefix("step_") for p in checkpoints.glob("step_*") if p.is_dir()}
+                for old in checkpoints.glob("critic_*"):
+                    if old.name.removeprefix("critic_") not in kept:
+                        shutil.rmtree(old, ignore_errors=True)
 
-    rank = policy.wait("rank")
-    logger = RunLogger(out, config.logging, total, start_step=step, rank=rank)
-    pass_score = a.eval_pass_score
-    if step == 0 and eval_prompts:
-        before = evaluate(eval_prompts, generate, score, r, a.eval_k, pass_score)
-        log(f"before training: greedy accuracy {before['eval/greedy_accuracy']:.1%}, "
-            f"pass@{a.eval_k} {before[f'eval/pass@{a.eval_k}']:.1%}")
-        logger.log(0, before)
-    metrics: dict[str, float] = {}
-    while step < total:
-        # 1-2. rollout and reward
-        started = time.perf_counter()
-        params = dataclasses.replace(params, seed=t.seed * 1_000_003 + step)
-        batch_prompts, completions, rewards, metrics = rollout(stream, generate, params, score, sampler,
-                                                               a.rollout_batch_size)
-        rollout_time = time.perf_counter() - started
-        prompt_ids = [p["prompt_ids"] for p in batch_prompts for _ in range(a.n_samples)]
-        group_ids = [i for i in range(len(batch_prompts)) for _ in range(a.n_samples)]
-        batch = batch_of_completions(prompt_ids, completions, tokenizer.pad_token_id, rewards, group_ids, device)
-        if a.off_policy_correction and batch.rollout_logp is None:
-            raise RunError(f"algorithm.off_policy_correction={a.off_policy_correction!r} needs the rollout "
-                           f"engine's log-probs, and engine {engine_name!r} returns none")
-        lengths = batch.action_mask.sum(-1)
-        raw_rewards = batch.rewards
-        if a.overlong_buffer:
-            batch.rewards = ops.overlong_penalty(batch.rewards, lengths, r.max_new_tokens, a.overlong_buffer,
-                                                 a.overlong_factor)
+        rank = policy.wait("rank")
+        logger = RunLogger(out, config.logging, total, start_step=step, rank=rank)
+        pass_score = a.eval_pass_score
+        if step == 0 and eval_prompts:
+            before = evaluate(eval_prompts, generate, score, r, a.eval_k, pass_score)
+            log(f"before training: greedy accuracy {before['eval/greedy_accuracy']:.1%}, "
+                f"pass@{a.eval_k} {before[f'eval/pass@{a.eval_k}']:.1%}")
+            logger.log(0, before)
+        metrics: dict[str, float] = {}
+        while step < total:
+            # 1-2. rollout and reward
+            started = time.perf_counter()
+            params = dataclasses.replace(params, seed=t.seed * 1_000_003 + step)
+            batch_prompts, completions, rewards, metrics = rollout(stream, generate, params, score, sampler,
+                                                                   a.rollout_batch_size)
+            rollout_time = time.perf_counter() - started
+            prompt_ids = [p["prompt_ids"] for p in batch_prompts for _ in range(a.n_samples)]
+            group_ids = [i for i in range(len(batch_prompts)) for _ in range(a.n_samples)]
+            batch = batch_of_completions(prompt_ids, completions, tokenizer.pad_token_id, rewards, group_ids, device)
+            if a.off_policy_correction and batch.rollout_logp is None:
+                raise RunError(f"algorithm.off_policy_correction={a.off_policy_correction!r} needs the rollout "
+                               f"engine's log-probs, and engine {engine_name!r} returns none")
+            lengths = batch.action_mask.sum(-1)
+            raw_rewards = batch.rewards
+            if a.overlong_buffer:
+                batch.rewards = ops.overlong_penalty(batch.rewards, lengths, r.max_new_tokens, a.overlong_buffer,
+                                                     a.overlong_factor)
 
-        # 3. old log-probs, reference log-probs, values
-        started = time.perf_counter()
-        batch.old_logp = policy.wait("logprobs", batch)
-        batch.ref_logp = reference.wait("logprobs", batch) if reference is not None else None
-        batch.values = critic.wait("values", batch) if critic is not None else None
-        kl = ops.kl_estimator(a.kl_estimator)(batch.old_logp, batch.ref_logp) if reference is not None else None
+            # 3. old log-probs, reference log-probs, values
+            started = time.perf_counter()
+            batch.old_logp = policy.wait("logprobs", batch)
+            batch.ref_logp = reference.wait("logprobs", batch) if reference is not None else None
+            batch.values = critic.wait("values", batch) if critic is not None else None
+            kl = ops.kl_estimator(a.kl_estimator)(batch.old_logp, batch.ref_logp) if reference is not None else None
 
-        # 4. advantages
-        estimated = call_with_accepted(
-            estimator, batch.rewards, batch.action_mask, kl=None if a.kl_loss else kl, beta=kl_coef.value,
-            values=batch.values, group_ids=batch.group_ids, n_samples=a.n_samples, config=a)
-        batch.advantages, batch.returns = estimated[:2]
-        estimator_metrics = estimated[2] if len(estimated) > 2 else {}
+            # 4. advantages
+            estimated = call_with_accepted(
+                estimator, batch.rewards, batch.action_mask, kl=None if a.kl_loss else kl, beta=kl_coef.value,
+                values=batch.values, group_ids=batch.group_ids, n_samples=a.n_samples, config=a)
+            batch.advantages, batch.returns = estimated[:2]
+            estimator_metrics = estimated[2] if len(estimated) > 2 else {}
 
-        # 5. updates, then the new weights to the rollout engine (nothing to send when it
-        # samples with the policy's own module)
-        seed = t.seed * 7919 + step
-        trained = [policy.call("train", batch, beta=kl_coef.value, seed=seed)]
-        if critic is not None:
-            trained.append(critic.call("train", batch, seed=seed))
-        train_metrics = {k: v for futures in trained for k, v in futures[0].result().items()}
-        if not launcher.shares_weights:
-            rollout_group.wait("update_weights", policy.wait("state_dict"))
-        train_time = time.perf_counter() - started
-        step += 1
+            # 5. updates, then the new weights to the rollout engine (nothing to send when it
+            # samples with the policy's own module)
+            seed = t.seed * 7919 + step
+            trained = [policy.call("train", batch, beta=kl_coef.value, seed=seed)]
+            if critic is not None:
+                trained.append(critic.call("train", batch, seed=seed))
+            train_metrics = {k: v for futures in trained for k, v in futures[0].result().items()}
+            if not launcher.shares_weights:
+                rollout_group.wait("update_weights", policy.wait("state_dict"))
+            train_time = time.perf_counter() - started
+            step += 1
 
-        mean_kl = ops.masked_mean(kl, batch.action_mask).item() if kl is not None else 0.0
-        kl_coef.update(mean_kl, samples)
-        generated = batch.action_mask.sum().item()
-        metrics.update(train_metrics)
-        metrics.update(estimator_metrics)
-        metrics.update({
-            "reward/mean": raw_rewards.mean().item(),
-            "reward/std": raw_rewards.std().item() if len(raw_rewards) > 1 else 0.0,
-            "advantage/mean": ops.masked_mean(batch.advantages, batch.action_mask).item(),
-            "kl": mean_kl,
-            "kl_coef": kl_coef.value,
-            "response_length/mean": lengths.mean().item(),
-            "time/rollout": rollout_time,
-            "time/train": train_time,
-            "tokens_per_s/rollout": generated / max(rollout_time, 1e-9),
-        })
-        host.hook.on_rollout_end(step=step, rollout=batch, metrics=metrics)
-        if (a.eval_every and step % a.eval_every == 0) or step == total:
-            evaluated = evaluate(eval_prompts, generate, score, r, a.eval_k, pass_score)
-            metrics.update(evaluated)
-            host.hook.on_eval_end(step=step, metrics=evaluated)
-        logger.log(step, metrics)
-        host.hook.on_step_end(step=step, metrics=metrics)
-        if config.checkpoint.every and step % config.checkpoint.every == 0 and step < total:
-            checkpoint()
-    logger.close()
-    checkpoint()
-    if eval_prompts and "eval/greedy_accuracy" in metrics:
-        log(f"after training: greedy accuracy {metrics['eval/greedy_accuracy']:.1%}, "
-            f"pass@{a.eval_k} {metrics[f'eval/pass@{a.eval_k}']:.1%}")
-    if config.checkpoint.save_final:
-        policy.wait("save_final", tokenizer, out / "final")
-        if critic is not None:
-            critic.wait("save_final", tokenizer, out / "final_critic")
-    return metrics
+            mean_kl = ops.masked_mean(kl, batch.action_mask).item() if kl is not None else 0.0
+            kl_coef.update(mean_kl, samples)
+            generated = batch.action_mask.sum().item()
+            metrics.update(train_metrics)
+            metrics.update(estimator_metrics)
+            metrics.update({
+                "reward/mean": raw_rewards.mean().item(),
+                "reward/std": raw_rewards.std().item() if len(raw_rewards) > 1 else 0.0,
+                "advantage/mean": ops.masked_mean(batch.advantages, batch.action_mask).item(),
+                "kl": mean_kl,
+                "kl_coef": kl_coef.value,
+                "response_length/mean": lengths.mean().item(),
+                "time/rollout": rollout_time,
+                "time/train": train_time,
+                "tokens_per_s/rollout": generated / max(rollout_time, 1e-9),
+            })
+            host.hook.on_rollout_end(step=step, rollout=batch, metrics=metrics)
+            if (a.eval_every and step % a.eval_every == 0) or step == total:
+                evaluated = evaluate(eval_prompts, generate, score, r, a.eval_k, pass_score)
+                metrics.update(evaluated)
+                host.hook.on_eval_end(step=step, metrics=evaluated)
+            logger.log(step, metrics)
+            host.hook.on_step_end(step=step, metrics=metrics)
+            if config.checkpoint.every and step % config.checkpoint.every == 0 and step < total:
+                checkpoint()
+        logger.close()
+        checkpoint()
+        if eval_prompts and "eval/greedy_accuracy" in metrics:
+            log(f"after training: greedy accuracy {metrics['eval/greedy_accuracy']:.1%}, "
+                f"pass@{a.eval_k} {metrics[f'eval/pass@{a.eval_k}']:.1%}")
+        if config.checkpoint.save_final:
+            policy.wait("save_final", tokenizer, out / "final")
+            if critic is not None:
+                critic.wait("save_final", tokenizer, out / "final_critic")
+        return metrics
+    finally:
+        launcher.shutdown()

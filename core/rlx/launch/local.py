@@ -45,3 +45,6 @@ class LocalLauncher:
         from rlx.workers.rollout import RolloutWorker
 
         return LocalGroup("rollout", RolloutWorker.native(config, tokenizer, module=policy.worker.module()))
+
+    def shutdown(self) -> None:
+        """Nothing to stop: the workers go with the driver."""

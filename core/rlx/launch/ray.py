@@ -1,0 +1,90 @@
+"""The Ray launcher: each role a group of Ray actors, in a placement group.
+
+The workers are the same classes the local launcher builds; here each runs inside a Ray
+actor (``_Hosted``) that first moves to the driver's working directory (so that the
+run's local plugins, ``file.py`` or ``module:attr``, import as they do in the driver)
+and then builds the worker, which builds its own plugin host: a registry filled in the
+driver is not visible in another process. Calls return one future per rank.
+
+The rollout engine here holds its own copy of the policy, and the driver sends it the
+policy's weights after every update (``shares_weights`` is False).
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import Future
+from typing import Any
+
+from rlx.errors import RunError
+
+
+def _import_ray():
+    try:
+        import ray
+    except ImportError as e:
+        raise RunError("launcher 'ray' needs Ray: pip install 'rlx[ray]' (or pip install 'ray[default]')") from e
+    return ray
+
+
+class _Hosted:
+    """The body of every rlx Ray actor: one worker, and a generic way to call it."""
+
+    def __init__(self, cwd: str, threads: int, cls: type, args: tuple, kwargs: dict):
+        os.chdir(cwd)
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
+        self.worker = cls(*args, **kwargs)
+
+    def call(self, method: str, args: tuple, kwargs: dict) -> Any:
+        return getattr(self.worker, method)(*args, **kwargs)
+
+
+class RayGroup:
+    """One role's actors (its data-parallel ranks)."""
+
+    def __init__(self, role: str, actors: list):
+        self.role, self.actors = role, actors
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> list[Future]:
+        return [actor.call.remote(method, args, kwargs).future() for actor in self.actors]
+
+    def wait(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        futures = self.call(method, *args, **kwargs)
+        results = [f.result() for f in futures]
+        return results[0]
+
+
+class RayLauncher:
+    """Starts (or joins, with ``address``) a Ray cluster and places one actor per role.
+
+    ``num_cpus`` is Ray's logical CPU count when it starts a local cluster: a label for
+    scheduling, not a limit, so every role can hold one logical CPU on a small machine.
+    """
+
+    name = "ray"
+    shares_weights = False
+
+    def __init__(self, *, address: str = "", num_cpus: int = 8, threads: int = 0):
+        ray = _import_ray()
+        if not ray.is_initialized():
+            if address:
+                ray.init(address=address, log_to_driver=False)
+            else:
+                ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+        self.ray, self.threads, self.cwd = ray, threads, os.getcwd()
+        self._actor = ray.remote(num_cpus=1)(_Hosted)
+
+    def place(self, role: str, cls: type, *args: Any, **kwargs: Any) -> RayGroup:
+        actor = self._actor.options(name=None).remote(self.cwd, self.threads, cls, args, kwargs)
+        return RayGroup(role, [actor])
+
+    def place_rollout(self, policy: RayGroup, config, tokenizer) -> RayGroup:
+        from rlx.workers.rollout import RolloutWorker
+
+        return self.place("rollout", RolloutWorker.native, config, tokenizer)
+
+    def shutdown(self) -> None:
+        self.ray.shutdown()

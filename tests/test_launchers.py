@@ -1,0 +1,97 @@
+"""The same run under the local and the Ray launcher: same metrics on the same seed, local
+plugins visible to the workers, a cluster joined with --ray-address, a clear error
+without Ray."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlx.config import ConfigError, resolve
+from rlx.plugins import build_host
+
+pytest.importorskip("ray", reason="the Ray launcher needs ray (installed by requirements-dev.txt)")
+
+SETTINGS = ["--max-steps", "2", "--set", "logging.progress=false", "--set", "logging.tensorboard=false",
+            "--set", "algorithm.eval_size=8", "--set", "checkpoint.save_final=false"]
+ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+def rlx(*args, cwd=None, timeout=600):
+    return subprocess.run([sys.executable, "-m", "rlx_cli", *args], capture_output=True, text=True, cwd=cwd,
+                          env=ENV, timeout=timeout)
+
+
+def metrics(out: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not k.startswith(("time/", "tokens_per_s"))} for r in rows]
+
+
+def test_ppo_under_ray_gives_the_local_metrics(demo_policy, tmp_path):
+    # ppo places every role: policy, critic, reference (KL in the reward), reward, rollout
+    runs = {}
+    for launcher in ("local", "ray"):
+        result = rlx("train", "--algo", "ppo", "--launcher", launcher, "--output", str(tmp_path / launcher), *SETTINGS)
+        assert result.returncode == 0, result.stdout + result.stderr
+        runs[launcher] = metrics(tmp_path / launcher)
+    assert len(runs["ray"]) == 3 and "loss/value" in runs["ray"][-1] and runs["ray"][-1]["kl"] > 0
+    assert [sorted(r) for r in runs["ray"]] == [sorted(r) for r in runs["local"]]
+    for ray_row, local_row in zip(runs["ray"], runs["local"]):
+        assert ray_row == pytest.approx(local_row, abs=1e-6)
+    assert (tmp_path / "ray" / "checkpoints" / "step_00000002" / "COMPLETE").is_file()
+
+
+PLUGIN = '''
+from rlx import hookimpl
+
+
+def always_half(prompts, completions, labels, **columns):
+    return [0.5 for _ in completions]
+
+
+@hookimpl
+def register_reward_functions(register):
+    register("always_half", always_half)
+'''
+
+
+def test_a_local_plugin_file_reaches_the_ray_workers(demo_policy, tmp_path):
+    (tmp_path / "half.py").write_text(PLUGIN)
+    result = rlx("train", "--algo", "grpo", "--launcher", "ray", "--plugin", "half.py", "--reward", "always_half",
+                 "--output", "run", *SETTINGS, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert all(r["reward/mean"] == 0.5 for r in metrics(tmp_path / "run") if "reward/mean" in r)
+
+
+def test_joins_a_cluster_started_with_ray_start(demo_policy, tmp_path):
+    ray = shutil.which("ray") or str(Path(sys.executable).parent / "ray")
+    port = "6391"
+    started = subprocess.run([ray, "start", "--head", "--port", port, "--num-cpus", "8", "--include-dashboard",
+                              "false", "--disable-usage-stats"], capture_output=True, text=True, env=ENV,
+                             timeout=180)
+    assert started.returncode == 0, started.stdout + started.stderr
+    try:
+        result = rlx("train", "--algo", "grpo", "--launcher", "ray", "--ray-address", f"127.0.0.1:{port}",
+                     "--output", str(tmp_path / "run"), *SETTINGS)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "Connected to Ray cluster" in result.stderr or "Connecting to existing Ray cluster" in result.stderr
+        assert len(metrics(tmp_path / "run")) == 3
+    finally:
+        subprocess.run([ray, "stop", "--force"], capture_output=True, env=ENV, timeout=120)
+
+
+def test_missing_ray_is_named_before_anything_loads(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
+    host = build_host()
+    with pytest.raises(ConfigError, match=r"Ray is not installed: pip install 'rlx\[ray\]'"):
+        resolve(host.algorithms.get("grpo"), {"launcher": {"name": "ray"}})
+    with pytest.raises(ConfigError, match="offline algorithm"):
+        monkeypatch.setattr(importlib.util, "find_spec", real)
+        resolve(host.algorithms.get("dpo"), {"launcher": {"name": "ray"}})
