@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import random
 from pathlib import Path
 
 import torch
@@ -12,7 +11,7 @@ from rlx import models, ops
 from rlx.batch import Batch
 from rlx.checkpoint import load_checkpoint, save_checkpoint
 from rlx.engine import make_engine, save_hf
-from rlx.workers.forward import batched, chunks, response_values
+from rlx.workers.forward import batched, chunks, minibatches, response_values
 from rlx.workers.policy import _add, own_host, sum_over_ranks
 
 
@@ -38,30 +37,23 @@ class CriticWorker:
         """The same shuffled mini-batches as the policy's (same ``seed``), token-mean value loss."""
         a, t, engine = self.a, self.t, self.engine
         engine.model.train()
-        rng = random.Random(seed)
         sums: dict[str, float] = {}
         count = 0
-        for _ in range(a.epochs):
-            order = list(range(len(batch)))
-            rng.shuffle(order)
-            for start in range(0, len(batch), t.batch_size):
-                step = batch.select(order[start:start + t.batch_size])
-                tokens = engine.all_reduce_sum(step.action_mask.sum()).item()
-                metrics: dict[str, float] = {}
-                for index in chunks(len(step), t.micro_batch_size):
-                    micro = step.select(index)
-                    values = response_values(engine.model, micro)
-                    per_token, extra = self.value_loss(values, micro.values, micro.returns, micro.action_mask,
-                                                       config=a)
-                    loss = ops.aggregate(per_token, micro.action_mask, "token_mean", token_count=tokens)
-                    engine.backward(loss * engine.world_size)
-                    share = micro.action_mask.sum().item() / tokens
-                    _add(metrics, {"loss/value": loss.item(), **{f"value/{k}": v.item() * share
-                                                                  for k, v in extra.items()}})
-                metrics = sum_over_ranks(engine, metrics)
-                _add(metrics, {f"critic/{k}": v for k, v in engine.step().items()})
-                _add(sums, metrics)
-                count += 1
+        for step in minibatches(batch, epochs=a.epochs, size=t.batch_size, seed=seed):
+            tokens = engine.all_reduce_sum(step.action_mask.sum()).item()
+            metrics: dict[str, float] = {}
+            for index in chunks(len(step), t.micro_batch_size):
+                micro = step.select(index)
+                values = response_values(engine.model, micro)
+                per_token, extra = self.value_loss(values, micro.values, micro.returns, micro.action_mask, config=a)
+                loss = ops.aggregate(per_token, micro.action_mask, "token_mean", token_count=tokens)
+                engine.backward(loss * engine.world_size)
+                share = micro.action_mask.sum().item() / tokens
+                _add(metrics, {"loss/value": loss.item(), **{f"value/{k}": v.item() * share for k, v in extra.items()}})
+            metrics = sum_over_ranks(engine, metrics)
+            _add(metrics, {f"critic/{k}": v for k, v in engine.step().items()})
+            _add(sums, metrics)
+            count += 1
         return {k: v / count for k, v in sums.items()}
 
     def save(self, checkpoints: Path, step: int) -> Path:

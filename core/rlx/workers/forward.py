@@ -4,6 +4,9 @@ reference log-probs and the training step all compute the same thing."""
 
 from __future__ import annotations
 
+import random
+from collections.abc import Iterator
+
 import torch
 
 from rlx import models, ops
@@ -12,6 +15,17 @@ from rlx.batch import Batch
 
 def chunks(n: int, size: int) -> list[list[int]]:
     return [list(range(i, min(i + size, n))) for i in range(0, n, size)]
+
+
+def minibatches(batch: Batch, *, epochs: int, size: int, seed: int) -> Iterator[Batch]:
+    """``epochs`` shuffled passes over ``batch`` in optimizer steps of ``size`` samples; the
+    same ``seed`` gives policy and critic the same steps."""
+    rng = random.Random(seed)
+    for _ in range(epochs):
+        order = list(range(len(batch)))
+        rng.shuffle(order)
+        for start in range(0, len(batch), size):
+            yield batch.select(order[start:start + size])
 
 
 def response_logits(model, batch: Batch) -> torch.Tensor:

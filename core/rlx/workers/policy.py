@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import torch
@@ -12,7 +11,7 @@ from rlx.algorithm import call_with_accepted
 from rlx.batch import Batch
 from rlx.checkpoint import load_checkpoint, save_checkpoint
 from rlx.engine import make_engine, save_hf
-from rlx.workers.forward import batched, chunks, response_logprobs
+from rlx.workers.forward import batched, chunks, minibatches, response_logprobs
 
 
 class PolicyWorker:
@@ -51,24 +50,19 @@ class PolicyWorker:
         optimizer step per ``training.batch_size`` samples; the mean metrics of the steps."""
         a, t, r, engine = self.a, self.t, self.r, self.engine
         engine.model.train()
-        rng = random.Random(seed)
         sums: dict[str, float] = {}
         count = 0
-        for _ in range(a.epochs):
-            order = list(range(len(batch)))
-            rng.shuffle(order)
-            for start in range(0, len(batch), t.batch_size):
-                step = batch.select(order[start:start + t.batch_size])
-                tokens = engine.all_reduce_sum(step.action_mask.sum()).item()
-                seqs = engine.all_reduce_sum(ops.sequence_count(step.action_mask).float()).item()
-                agg = dict(token_count=tokens, seq_count=seqs, max_len=r.max_new_tokens)
-                metrics: dict[str, float] = {}
-                for index in chunks(len(step), t.micro_batch_size):
-                    _add(metrics, self._micro_step(step.select(index), beta, tokens, agg))
-                metrics = sum_over_ranks(engine, metrics)
-                _add(metrics, engine.step())
-                _add(sums, metrics)
-                count += 1
+        for step in minibatches(batch, epochs=a.epochs, size=t.batch_size, seed=seed):
+            tokens = engine.all_reduce_sum(step.action_mask.sum()).item()
+            seqs = engine.all_reduce_sum(ops.sequence_count(step.action_mask).float()).item()
+            agg = dict(token_count=tokens, seq_count=seqs, max_len=r.max_new_tokens)
+            metrics: dict[str, float] = {}
+            for index in chunks(len(step), t.micro_batch_size):
+                _add(metrics, self._micro_step(step.select(index), beta, tokens, agg))
+            metrics = sum_over_ranks(engine, metrics)
+            _add(metrics, engine.step())
+            _add(sums, metrics)
+            count += 1
         return {k: v / count for k, v in sums.items()}
 
     def _micro_step(self, micro: Batch, beta: float, tokens: float, agg: dict) -> dict[str, float]:
