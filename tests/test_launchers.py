@@ -95,3 +95,47 @@ def test_missing_ray_is_named_before_anything_loads(monkeypatch):
     with pytest.raises(ConfigError, match="offline algorithm"):
         monkeypatch.setattr(importlib.util, "find_spec", real)
         resolve(host.algorithms.get("dpo"), {"launcher": {"name": "ray"}})
+
+
+DYING = '''
+import os
+import signal
+from pathlib import Path
+
+from rlx import hookimpl
+
+CALLS = Path(__file__).with_suffix(".calls")
+
+
+def dies_on_fifth_call(prompts, completions, labels, **columns):
+    calls = int(CALLS.read_text()) + 1 if CALLS.exists() else 1
+    CALLS.write_text(str(calls))
+    if calls == 5:  # two evaluation calls, then steps 1 and 2; the third step's scoring kills the worker
+        os.kill(os.getpid(), signal.SIGKILL)
+    return [float(c.strip() == str(l)) for c, l in zip(completions, labels)]
+
+
+@hookimpl
+def register_reward_functions(register):
+    register("dies_on_fifth_call", dies_on_fifth_call)
+'''
+
+
+def test_a_worker_that_dies_stops_the_run_and_resume_continues(demo_policy, tmp_path):
+    import time
+
+    (tmp_path / "dying.py").write_text(DYING)
+    steps = ["--set", "checkpoint.every=1", "--max-steps", "4"]
+    started = time.monotonic()
+    result = rlx("train", "--algo", "grpo", "--launcher", "ray", "--plugin", "dying.py", "--reward",
+                 "dies_on_fifth_call", "--output", "run", *SETTINGS, *steps, cwd=tmp_path)
+    assert result.returncode != 0
+    assert "the reward worker (rank 0) died during score()" in result.stdout + result.stderr
+    assert time.monotonic() - started < 120  # Ray start and model loading included; the death itself is seen at once
+    checkpoints = sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("step_*"))
+    assert checkpoints[-1] == "step_00000002" and (tmp_path / "run" / "checkpoints" / checkpoints[-1] / "COMPLETE").is_file()
+    resumed = rlx("train", "--algo", "grpo", "--launcher", "ray", "--output", "run", "--resume", *SETTINGS, *steps,
+                  cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "resumed from" in resumed.stdout
+    assert [r["step"] for r in metrics(tmp_path / "run") if "reward/mean" in r] == [1, 2, 3, 4]

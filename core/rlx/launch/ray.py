@@ -49,7 +49,31 @@ class RayGroup:
         self.role, self.actors = role, actors
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> list[Future]:
-        return [actor.call.remote(method, args, kwargs).future() for actor in self.actors]
+        return [self._named(rank, method, actor.call.remote(method, args, kwargs).future())
+                for rank, actor in enumerate(self.actors)]
+
+    def _named(self, rank: int, method: str, remote: Future) -> Future:
+        """A future that fails like the worker did, or, when the worker's process is gone,
+        with a ``RunError`` naming the role and rank."""
+        from ray.exceptions import RayActorError, RayTaskError
+
+        future: Future = Future()
+
+        def done(f: Future) -> None:
+            error = f.exception()
+            if error is None:
+                future.set_result(f.result())
+            elif isinstance(error, RayTaskError):  # the worker raised: its own error, as it was
+                cause = getattr(error, "cause", None)
+                future.set_exception(cause if isinstance(cause, Exception) else error.as_instanceof_cause())
+            elif isinstance(error, RayActorError):
+                future.set_exception(RunError(f"the {self.role} worker (rank {rank}) died during {method}(): "
+                                              f"{str(error).splitlines()[0]}"))
+            else:
+                future.set_exception(error)
+
+        remote.add_done_callback(done)
+        return future
 
     def wait(self, method: str, *args: Any, **kwargs: Any) -> Any:
         futures = self.call(method, *args, **kwargs)
