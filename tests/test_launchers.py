@@ -139,3 +139,37 @@ def test_a_worker_that_dies_stops_the_run_and_resume_continues(demo_policy, tmp_
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert "resumed from" in resumed.stdout
     assert [r["step"] for r in metrics(tmp_path / "run") if "reward/mean" in r] == [1, 2, 3, 4]
+
+
+ZERO3 = ["--algo", "grpo", "--set", "training.backend=deepspeed", "--set", "training.zero_stage=3",
+         "--set", "algorithm.kl_coef=0.01", "--set", "training.micro_batch_size=16"]
+
+
+def test_two_zero3_policy_ranks_give_the_one_rank_update_and_resume(demo_policy, tmp_path):
+    # the policy on 2 ZeRO-3 ranks (gloo) under Ray, a reference, a reward and a rollout actor,
+    # against one ZeRO-3 rank in one process: the same global batch, the same updates
+    one = rlx("train", *ZERO3, "--output", str(tmp_path / "one"), *SETTINGS)
+    assert one.returncode == 0, one.stdout + one.stderr
+    two = rlx("train", *ZERO3, "--launcher", "ray", "--set", "launcher.policy_ranks=2", "--set", "checkpoint.every=1",
+              "--output", str(tmp_path / "two"), *SETTINGS)
+    assert two.returncode == 0, two.stdout + two.stderr
+    rows_one, rows_two = metrics(tmp_path / "one"), metrics(tmp_path / "two")
+    assert len(rows_two) == 3 and rows_two[-1]["kl"] > 0
+    for a, b in zip(rows_one, rows_two):
+        assert b == pytest.approx(a, rel=1e-5, abs=1e-6)
+    assert (tmp_path / "two" / "checkpoints" / "step_00000002" / "COMPLETE").is_file()
+    resumed = rlx("train", *ZERO3, "--launcher", "ray", "--set", "launcher.policy_ranks=2", "--resume",
+                  "--output", str(tmp_path / "two"), *SETTINGS, "--max-steps", "3")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert [r["step"] for r in metrics(tmp_path / "two") if "reward/mean" in r] == [1, 2, 3]
+
+
+def test_rank_settings_are_checked_before_anything_loads():
+    host = build_host()
+    grpo = host.algorithms.get("grpo")
+    with pytest.raises(ConfigError, match="needs launcher.name=ray"):
+        resolve(grpo, {"launcher": {"policy_ranks": 2}, "training": {"backend": "deepspeed"}})
+    with pytest.raises(ConfigError, match="needs training.backend=deepspeed"):
+        resolve(grpo, {"launcher": {"name": "ray", "policy_ranks": 2}})
+    with pytest.raises(ConfigError, match="split evenly over launcher.policy_ranks=3"):
+        resolve(grpo, {"launcher": {"name": "ray", "policy_ranks": 3}, "training": {"backend": "deepspeed"}})

@@ -11,6 +11,7 @@ from rlx.config import resolve
 from rlx.plugins import build_host
 from rlx.rollout import Completion
 from rlx.run import run
+from rlx.launch.local import LocalGroup
 from rlx.workers.policy import PolicyWorker
 from rlx.testing import one_thread  # noqa: F401
 
@@ -31,7 +32,8 @@ def test_update_does_not_count_a_sequence_without_action_tokens(host, tiny_model
     batch = online.batch_of_completions([[3, 4], [3, 4]], completions, 0, [1.0, 0.0], [0, 0], torch.device("cpu"))
     batch.old_logp = policy.logprobs(batch)
     batch.advantages = torch.ones_like(batch.action_mask)
-    metrics = policy.train(batch, beta=0.0, seed=0)
+    metrics = online.update(batch, LocalGroup("policy", policy), None, config.algorithm, config.training,
+                            beta=0.0, seed=0)
     # ratio 1, A = 1 on row 0's two tokens: its token mean is −1, and it is the only sequence
     assert metrics["loss/policy"] == pytest.approx(-1.0)
 

@@ -129,6 +129,8 @@ class LauncherConfig:
     name: Literal["local", "ray"] = opt("local", "where the roles run: local (this process, one device) or ray")
     ray_address: str = opt("", "join this Ray cluster (started with `ray start --head`); empty: start one here")
     ray_num_cpus: int = opt(8, "logical CPUs of a Ray cluster started here (a scheduling label, not a limit)")
+    policy_ranks: int = opt(1, "data-parallel ranks of the policy (ray; more than 1 needs training.backend=deepspeed)")
+    critic_ranks: int = opt(1, "data-parallel ranks of the critic (ray; more than 1 needs training.backend=deepspeed)")
 
 
 @dataclass
@@ -386,6 +388,20 @@ def validate(config: RunConfig) -> None:
         if config.algorithm is not None and not hasattr(config.algorithm, "rollout_batch_size"):
             raise ConfigError(f"launcher.name is ray, but {config.algo} is an offline algorithm, which runs under "
                               f"the local launcher only for now")
+    for role in ("policy", "critic"):
+        ranks = getattr(config.launcher, f"{role}_ranks")
+        if ranks < 1:
+            raise ConfigError(f"launcher.{role}_ranks must be at least 1")
+        if ranks == 1:
+            continue
+        if config.launcher.name != "ray":
+            raise ConfigError(f"launcher.{role}_ranks={ranks} needs launcher.name=ray (local runs one rank per role)")
+        if config.training.backend != "deepspeed":
+            raise ConfigError(f"launcher.{role}_ranks={ranks} needs training.backend=deepspeed (data parallelism)")
+        samples = config.algorithm.rollout_batch_size * config.algorithm.n_samples
+        if config.training.batch_size % ranks or samples % ranks:
+            raise ConfigError(f"training.batch_size ({config.training.batch_size}) and the rollout's samples "
+                              f"({samples}) must split evenly over launcher.{role}_ranks={ranks}")
     check = getattr(config.algorithm, "validate", None)
     if check is not None:
         check(config)

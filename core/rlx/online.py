@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import random
 import shutil
 import time
@@ -39,6 +40,7 @@ from rlx.launch import make_launcher
 from rlx.metrics import RunLogger
 from rlx.rollout import SamplingParams
 from rlx.workers.critic import CriticWorker
+from rlx.workers.forward import minibatches
 from rlx.workers.policy import PolicyWorker
 from rlx.workers.reference import ReferenceWorker
 from rlx.workers.reward import RewardWorker
@@ -182,6 +184,9 @@ def _load_prompts(config: RunConfig, host, tokenizer, split: str, log) -> list[d
 
 def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bool, log=print) -> dict[str, float]:
     a, t, r = config.algorithm, config.training, config.rollout
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise RunError("an online run has one driver: for several training ranks use --launcher ray with "
+                       "launcher.policy_ranks (and training.backend=deepspeed), not torchrun")
     torch.manual_seed(t.seed)
     device = models.resolve_device(t.device)
     tokenizer = models.load_tokenizer(config.model.path)
@@ -205,13 +210,17 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
     samples = a.rollout_batch_size * a.n_samples
     updates = samples * a.epochs // t.batch_size
     total = t.max_steps or math.ceil(len(prompts) * t.epochs / a.rollout_batch_size)
-    sizes = dict(total_steps=total * updates, micro_steps=t.batch_size // t.micro_batch_size)
+    def sizes(ranks: int) -> dict:  # optimizer steps, and backward passes per step on each rank
+        return dict(total_steps=total * updates, micro_steps=max(1, t.batch_size // ranks // t.micro_batch_size))
     launcher = make_launcher(config, host)
     try:
         reward = launcher.place("reward", RewardWorker, config)
-        policy = launcher.place("policy", PolicyWorker, config, **sizes)
+        ranks = config.launcher
+        policy = launcher.place("policy", PolicyWorker, config, ranks=ranks.policy_ranks,
+                        **sizes(ranks.policy_ranks))
         reference = launcher.place("reference", ReferenceWorker, config) if a.kl_coef > 0 else None
-        critic = launcher.place("critic", CriticWorker, config, **sizes) if spec.value_loss else None
+        critic = (launcher.place("critic", CriticWorker, config, ranks=ranks.critic_ranks,
+                         **sizes(ranks.critic_ranks)) if spec.value_loss else None)
         rollout_group = launcher.place_rollout(policy, config, tokenizer)
         generate, score = partial(rollout_group.wait, "generate"), partial(reward.wait, "score")
         if a.off_policy_correction:
@@ -273,9 +282,9 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
 
             # 3. old log-probs, reference log-probs, values
             started = time.perf_counter()
-            batch.old_logp = policy.wait("logprobs", batch)
-            batch.ref_logp = reference.wait("logprobs", batch) if reference is not None else None
-            batch.values = critic.wait("values", batch) if critic is not None else None
+            batch.old_logp = gather(policy.call_split("logprobs", batch))
+            batch.ref_logp = gather(reference.call_split("logprobs", batch)) if reference is not None else None
+            batch.values = gather(critic.call_split("values", batch)) if critic is not None else None
             kl = ops.kl_estimator(a.kl_estimator)(batch.old_logp, batch.ref_logp) if reference is not None else None
 
             # 4. advantages
@@ -287,11 +296,7 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
 
             # 5. updates, then the new weights to the rollout engine (nothing to send when it
             # samples with the policy's own module)
-            seed = t.seed * 7919 + step
-            trained = [policy.call("train", batch, beta=kl_coef.value, seed=seed)]
-            if critic is not None:
-                trained.append(critic.call("train", batch, seed=seed))
-            train_metrics = {k: v for futures in trained for k, v in futures[0].result().items()}
+            train_metrics = update(batch, policy, critic, a, t, beta=kl_coef.value, seed=t.seed * 7919 + step)
             if not launcher.shares_weights:
                 rollout_group.wait("update_weights", policy.wait("state_dict"))
             train_time = time.perf_counter() - started
@@ -334,3 +339,33 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
         return metrics
     finally:
         launcher.shutdown()
+
+
+def update(batch: Batch, policy, critic, a, t, *, beta: float, seed: int) -> dict[str, float]:
+    """``epochs`` shuffled passes over the rollout batch, one optimizer step of policy and
+    critic per ``training.batch_size`` samples, each rank training on its share of the step
+    with the step's global token and sequence counts; the steps' mean metrics."""
+    sums: dict[str, float] = {}
+    steps = 0
+    for step in minibatches(batch, epochs=a.epochs, size=t.batch_size, seed=seed):
+        counts = dict(token_count=step.action_mask.sum().item(), seq_count=ops.sequence_count(step.action_mask).item())
+        pending = [policy.call_split("train_step", step, beta=beta, **counts)]
+        if critic is not None:
+            pending.append(critic.call_split("train_step", step, **counts))
+        for futures in pending:
+            results = [f.result() for f in futures]
+            for shares, _ in results:  # each rank's share of the step's metrics
+                _add(sums, shares)
+            _add(sums, results[0][1])  # the update's own (grad norm, lr): the same on every rank
+        steps += 1
+    return {k: v / steps for k, v in sums.items()}
+
+
+def gather(futures) -> torch.Tensor:
+    """The per-rank results of a split call, in sample order."""
+    return torch.cat([f.result() for f in futures])
+
+
+def _add(into: dict[str, float], values: dict[str, float]) -> None:
+    for k, v in values.items():
+        into[k] = into.get(k, 0.0) + float(v)

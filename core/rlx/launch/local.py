@@ -25,6 +25,10 @@ class LocalGroup:
     def wait(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return self.call(method, *args, **kwargs)[0].result()
 
+    def call_split(self, method: str, batch, *args: Any, **kwargs: Any) -> list[Future]:
+        """``method`` on each rank's share of ``batch``: here the one rank takes it all."""
+        return self.call(method, batch, *args, **kwargs)
+
 
 class LocalLauncher:
     """Builds each worker in this process, sharing the driver's plugin host;
@@ -36,7 +40,9 @@ class LocalLauncher:
     def __init__(self, host):
         self.host = host
 
-    def place(self, role: str, cls: type, *args: Any, **kwargs: Any) -> LocalGroup:
+    def place(self, role: str, cls: type, *args: Any, ranks: int = 1, **kwargs: Any) -> LocalGroup:
+        if ranks != 1:
+            raise ValueError(f"the local launcher runs one rank per role, not {ranks}: use --launcher ray")
         if "host" in inspect.signature(cls).parameters:
             kwargs["host"] = self.host
         return LocalGroup(role, cls(*args, **kwargs))

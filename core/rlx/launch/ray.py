@@ -30,8 +30,9 @@ def _import_ray():
 class _Hosted:
     """The body of every rlx Ray actor: one worker, and a generic way to call it."""
 
-    def __init__(self, cwd: str, threads: int, cls: type, args: tuple, kwargs: dict):
+    def __init__(self, cwd: str, threads: int, env: dict, cls: type, args: tuple, kwargs: dict):
         os.chdir(cwd)
+        os.environ.update(env)  # a rank of a group: torch.distributed's rendezvous
         if threads:
             import torch
 
@@ -80,6 +81,11 @@ class RayGroup:
         results = [f.result() for f in futures]
         return results[0]
 
+    def call_split(self, method: str, batch, *args: Any, **kwargs: Any) -> list[Future]:
+        shares = batch.split(len(self.actors))
+        return [self._named(rank, method, actor.call.remote(method, (share, *args), kwargs).future())
+                for rank, (actor, share) in enumerate(zip(self.actors, shares))]
+
 
 class RayLauncher:
     """Starts (or joins, with ``address``) a Ray cluster and places one actor per role.
@@ -101,9 +107,18 @@ class RayLauncher:
         self.ray, self.threads, self.cwd = ray, threads, os.getcwd()
         self._actor = ray.remote(num_cpus=1)(_Hosted)
 
-    def place(self, role: str, cls: type, *args: Any, **kwargs: Any) -> RayGroup:
-        actor = self._actor.options(name=None).remote(self.cwd, self.threads, cls, args, kwargs)
-        return RayGroup(role, [actor])
+    def place(self, role: str, cls: type, *args: Any, ranks: int = 1, **kwargs: Any) -> RayGroup:
+        """``ranks`` actors of ``cls(*args, **kwargs)``; several ranks form one torch.distributed
+        group (gloo on the CPU, nccl on GPUs), as DeepSpeed's data parallelism needs."""
+        envs = [{}]
+        if ranks > 1:
+            from rlx.engine import _free_port
+
+            port = str(_free_port())
+            envs = [{"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "RANK": str(rank), "LOCAL_RANK": str(rank),
+                     "WORLD_SIZE": str(ranks)} for rank in range(ranks)]
+        actors = [self._actor.remote(self.cwd, self.threads, env, cls, args, kwargs) for env in envs]
+        return RayGroup(role, actors)
 
     def place_rollout(self, policy: RayGroup, config, tokenizer) -> RayGroup:
         from rlx.workers.rollout import RolloutWorker

@@ -11,8 +11,8 @@ from rlx import models, ops
 from rlx.batch import Batch
 from rlx.checkpoint import load_checkpoint, save_checkpoint
 from rlx.engine import make_engine, save_hf
-from rlx.workers.forward import batched, chunks, minibatches, response_values
-from rlx.workers.policy import _add, own_host, sum_over_ranks
+from rlx.workers.forward import batched, chunks, response_values
+from rlx.workers.policy import _add, own_host
 
 
 class CriticWorker:
@@ -33,28 +33,21 @@ class CriticWorker:
         self.engine.model.eval()
         return batched(lambda part: response_values(self.engine.model, part), batch, self.t.micro_batch_size)
 
-    def train(self, batch: Batch, *, seed: int) -> dict[str, float]:
-        """The same shuffled mini-batches as the policy's (same ``seed``), token-mean value loss."""
-        a, t, engine = self.a, self.t, self.engine
+    def train_step(self, batch: Batch, *, token_count: float, **_) -> tuple[dict[str, float], dict[str, float]]:
+        """One optimizer step of the token-mean value loss on this rank's share of the step;
+        ``token_count`` counts the action tokens of the whole step (all ranks)."""
+        engine = self.engine
         engine.model.train()
-        sums: dict[str, float] = {}
-        count = 0
-        for step in minibatches(batch, epochs=a.epochs, size=t.batch_size, seed=seed):
-            tokens = engine.all_reduce_sum(step.action_mask.sum()).item()
-            metrics: dict[str, float] = {}
-            for index in chunks(len(step), t.micro_batch_size):
-                micro = step.select(index)
-                values = response_values(engine.model, micro)
-                per_token, extra = self.value_loss(values, micro.values, micro.returns, micro.action_mask, config=a)
-                loss = ops.aggregate(per_token, micro.action_mask, "token_mean", token_count=tokens)
-                engine.backward(loss * engine.world_size)
-                share = micro.action_mask.sum().item() / tokens
-                _add(metrics, {"loss/value": loss.item(), **{f"value/{k}": v.item() * share for k, v in extra.items()}})
-            metrics = sum_over_ranks(engine, metrics)
-            _add(metrics, {f"critic/{k}": v for k, v in engine.step().items()})
-            _add(sums, metrics)
-            count += 1
-        return {k: v / count for k, v in sums.items()}
+        metrics: dict[str, float] = {}
+        for index in chunks(len(batch), self.t.micro_batch_size):
+            micro = batch.select(index)
+            values = response_values(engine.model, micro)
+            per_token, extra = self.value_loss(values, micro.values, micro.returns, micro.action_mask, config=self.a)
+            loss = ops.aggregate(per_token, micro.action_mask, "token_mean", token_count=token_count)
+            engine.backward(loss * engine.world_size)
+            share = micro.action_mask.sum().item() / token_count
+            _add(metrics, {"loss/value": loss.item(), **{f"value/{k}": v.item() * share for k, v in extra.items()}})
+        return metrics, {f"critic/{k}": v for k, v in engine.step().items()}
 
     def save(self, checkpoints: Path, step: int) -> Path:
         return save_checkpoint(checkpoints, step, self.engine, {}, keep=0, name=f"critic_{step:08d}")

@@ -11,7 +11,7 @@ from rlx.algorithm import call_with_accepted
 from rlx.batch import Batch
 from rlx.checkpoint import load_checkpoint, save_checkpoint
 from rlx.engine import make_engine, save_hf
-from rlx.workers.forward import batched, chunks, minibatches, response_logprobs
+from rlx.workers.forward import batched, chunks, response_logprobs
 
 
 class PolicyWorker:
@@ -45,25 +45,18 @@ class PolicyWorker:
         return batched(lambda part: response_logprobs(self.engine.model, part, self.r.temperature)[0], batch,
                        self.t.micro_batch_size)
 
-    def train(self, batch: Batch, *, beta: float, seed: int) -> dict[str, float]:
-        """``algorithm.epochs`` passes of shuffled mini-batch updates over ``batch``, one
-        optimizer step per ``training.batch_size`` samples; the mean metrics of the steps."""
-        a, t, r, engine = self.a, self.t, self.r, self.engine
-        engine.model.train()
-        sums: dict[str, float] = {}
-        count = 0
-        for step in minibatches(batch, epochs=a.epochs, size=t.batch_size, seed=seed):
-            tokens = engine.all_reduce_sum(step.action_mask.sum()).item()
-            seqs = engine.all_reduce_sum(ops.sequence_count(step.action_mask).float()).item()
-            agg = dict(token_count=tokens, seq_count=seqs, max_len=r.max_new_tokens)
-            metrics: dict[str, float] = {}
-            for index in chunks(len(step), t.micro_batch_size):
-                _add(metrics, self._micro_step(step.select(index), beta, tokens, agg))
-            metrics = sum_over_ranks(engine, metrics)
-            _add(metrics, engine.step())
-            _add(sums, metrics)
-            count += 1
-        return {k: v / count for k, v in sums.items()}
+    def train_step(self, batch: Batch, *, token_count: float, seq_count: float,
+                   beta: float) -> tuple[dict[str, float], dict[str, float]]:
+        """One optimizer step on this rank's share of the step's samples. ``token_count`` and
+        ``seq_count`` count the action tokens and non-empty sequences of the whole step (all
+        ranks), so that losses are normalised as on one device. Returns this rank's share of
+        the step's metrics (the driver sums them over ranks) and the update's own metrics."""
+        self.engine.model.train()
+        agg = dict(token_count=token_count, seq_count=seq_count, max_len=self.r.max_new_tokens)
+        metrics: dict[str, float] = {}
+        for index in chunks(len(batch), self.t.micro_batch_size):
+            _add(metrics, self._micro_step(batch.select(index), beta, token_count, agg))
+        return metrics, self.engine.step()
 
     def _micro_step(self, micro: Batch, beta: float, tokens: float, agg: dict) -> dict[str, float]:
         a, engine, mask = self.a, self.engine, micro.action_mask
@@ -97,15 +90,6 @@ class PolicyWorker:
 
     def save_final(self, tokenizer, out: Path) -> None:
         save_hf(self.engine, tokenizer, out)
-
-
-def sum_over_ranks(engine, metrics: dict[str, float]) -> dict[str, float]:
-    """Each rank holds its share of a step's metrics; the step's value is their sum."""
-    if engine.world_size == 1:
-        return metrics
-    keys = sorted(metrics)
-    total = engine.all_reduce_sum(torch.tensor([metrics[k] for k in keys], dtype=torch.float64))
-    return dict(zip(keys, total.tolist()))
 
 
 def _add(into: dict[str, float], values: dict[str, float]) -> None:
