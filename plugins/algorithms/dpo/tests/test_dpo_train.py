@@ -90,7 +90,7 @@ def test_bad_pairs_are_named_by_the_cli(tmp_path, bad, message):
     rows.insert(2, {"prompt": "2+3=", **bad})
     path = tmp_path / "bad.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    result = subprocess.run([sys.executable, "-m", "rlx.cli", "train", "--algo", "dpo", "--data", str(path),
+    result = subprocess.run([sys.executable, "-m", "rlx_cli", "train", "--algo", "dpo", "--data", str(path),
                              "--output", str(tmp_path / "run"), "--model", "builtin:tiny"],
                             capture_output=True, text=True, env={**os.environ, "RLX_CACHE": os.environ["RLX_CACHE"]})
     assert result.returncode == 1, result.stderr
