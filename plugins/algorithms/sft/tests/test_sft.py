@@ -55,7 +55,7 @@ def test_prompt_tokens_carry_no_loss(tiny):
     import torch
 
     from rlx import data, models
-    from rlx.offline import _sft_objective
+    from rlx.objectives import _sft_objective
 
     config = resolve(get_host().algorithms.get("sft"), {"model": {"path": tiny}})
     tokenizer = models.load_tokenizer(tiny)
