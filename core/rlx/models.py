@@ -337,6 +337,29 @@ def _cpu_replica(model, state: dict[str, torch.Tensor]):
     return replica
 
 
+_FUSED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+def engine_weights(model, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The weights a rollout engine with its own copy of the model loads: checkpoint names
+    and, under LoRA, the adapters merged and only the layers that carry them (with the
+    layers an engine fuses them with: q/k/v, gate/up). ``state`` is ``model.state_dict()``
+    with full weights."""
+    model = _unwrap_engine(model)
+    if not hasattr(model, "merge_and_unload"):
+        return state
+    adapted = {k.split(".lora_A.")[0].removeprefix("base_model.model.") for k in state if ".lora_A." in k}
+    for prefix in list(adapted):
+        owner, _, leaf = prefix.rpartition(".")
+        for group in _FUSED:
+            if leaf in group:
+                adapted.update(f"{owner}.{m}" for m in group)
+    # merging writes into the base weights: into copies, not the caller's tensors
+    state = {k: v.clone() if ".base_layer." in k else v for k, v in state.items()}
+    merged = _cpu_replica(model, state).merge_and_unload().state_dict()
+    return {k: v for k, v in merged.items() if k.rpartition(".")[0] in adapted}
+
+
 def save_hf(model, tokenizer, out_dir: str | Path, *, state_dict: dict[str, torch.Tensor] | None = None) -> Path:
     """Write ``model`` and ``tokenizer`` in ``save_pretrained`` layout under ``out_dir``.
 

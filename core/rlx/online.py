@@ -44,7 +44,7 @@ from rlx.workers.forward import minibatches
 from rlx.workers.policy import PolicyWorker
 from rlx.workers.reference import ReferenceWorker
 from rlx.workers.reward import RewardWorker
-from rlx.workers.rollout import RolloutWorker
+from rlx.workers.rollout import generate_balanced
 
 
 def batch_of_completions(prompt_ids: list[list[int]], completions: list, pad_id: int, rewards: list[float],
@@ -203,8 +203,9 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
     estimator = host.get("register_advantage_estimators", spec.estimator)
     sampler = host.get("register_samplers", a.sampler)(a.sampler_options) if a.sampler else None
     engine_name = host.hook.choose_rollout_engine(config=config) or r.engine
-    if engine_name not in ("auto", "native"):
-        raise RunError(f"rollout.engine {engine_name!r} is not available in this launcher (use native)")
+    engine_name = "native" if engine_name == "auto" else engine_name
+    if engine_name not in ("native", "vllm"):
+        raise RunError(f"rollout engine {engine_name!r} is not one of native, vllm")
 
     # the roles, placed by the launcher
     samples = a.rollout_batch_size * a.n_samples
@@ -221,8 +222,8 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
         reference = launcher.place("reference", ReferenceWorker, config) if a.kl_coef > 0 else None
         critic = (launcher.place("critic", CriticWorker, config, ranks=ranks.critic_ranks,
                          **sizes(ranks.critic_ranks)) if spec.value_loss else None)
-        rollout_group = launcher.place_rollout(policy, config, tokenizer)
-        generate, score = partial(rollout_group.wait, "generate"), partial(reward.wait, "score")
+        rollout_group = launcher.place_rollout(policy, config, tokenizer, engine_name)
+        generate, score = partial(generate_balanced, rollout_group), partial(reward.wait, "score")
         if a.off_policy_correction:
             host.get("register_off_policy_corrections", a.off_policy_correction)  # an unknown name fails now
 
@@ -238,6 +239,7 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
             if critic is not None:
                 critic.wait("load", checkpoints / f"critic_{state['step']:08d}")
             step, stream.cursor, kl_coef.value = state["step"], state["cursor"], state["kl_coef"]
+            launcher.sync_weights(policy, rollout_group)  # an engine with its own copy starts from the model folder
             log(f"resumed from {path} at step {step}")
 
         def checkpoint() -> None:
@@ -268,6 +270,8 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
             batch_prompts, completions, rewards, metrics = rollout(stream, generate, params, score, sampler,
                                                                    a.rollout_batch_size)
             rollout_time = time.perf_counter() - started
+            if r.sleep:
+                rollout_group.wait("sleep")  # the engines' memory goes to training until the sync
             prompt_ids = [p["prompt_ids"] for p in batch_prompts for _ in range(a.n_samples)]
             group_ids = [i for i in range(len(batch_prompts)) for _ in range(a.n_samples)]
             batch = batch_of_completions(prompt_ids, completions, tokenizer.pad_token_id, rewards, group_ids, device)
@@ -286,6 +290,8 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
             batch.ref_logp = gather(reference.call_split("logprobs", batch)) if reference is not None else None
             batch.values = gather(critic.call_split("values", batch)) if critic is not None else None
             kl = ops.kl_estimator(a.kl_estimator)(batch.old_logp, batch.ref_logp) if reference is not None else None
+            if batch.rollout_logp is not None:  # how far the engine's log-probs are from the trainer's
+                metrics.update(ops.logp_mismatch(batch.rollout_logp, batch.old_logp, batch.action_mask))
 
             # 4. advantages
             estimated = call_with_accepted(
@@ -294,12 +300,15 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
             batch.advantages, batch.returns = estimated[:2]
             estimator_metrics = estimated[2] if len(estimated) > 2 else {}
 
-            # 5. updates, then the new weights to the rollout engine (nothing to send when it
-            # samples with the policy's own module)
+            # 5. updates, then the new weights to the rollout engines (nothing to send when
+            # the engine samples with the policy's own module)
             train_metrics = update(batch, policy, critic, a, t, beta=kl_coef.value, seed=t.seed * 7919 + step)
-            if not launcher.shares_weights:
-                rollout_group.wait("update_weights", policy.wait("state_dict"))
             train_time = time.perf_counter() - started
+            started = time.perf_counter()
+            if r.sleep:
+                rollout_group.wait("wake")
+            launcher.sync_weights(policy, rollout_group)
+            sync_time = time.perf_counter() - started
             step += 1
 
             mean_kl = ops.masked_mean(kl, batch.action_mask).item() if kl is not None else 0.0
@@ -316,6 +325,7 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
                 "response_length/mean": lengths.mean().item(),
                 "time/rollout": rollout_time,
                 "time/train": train_time,
+                "time/sync": sync_time,
                 "tokens_per_s/rollout": generated / max(rollout_time, 1e-9),
             })
             host.hook.on_rollout_end(step=step, rollout=batch, metrics=metrics)

@@ -38,6 +38,13 @@ def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     return masked_sum(x, mask, dim) / count.clamp(min=1)
 
 
+def logp_mismatch(rollout_logp: Tensor, old_logp: Tensor, mask: Tensor) -> dict[str, float]:
+    """Mean and largest |log π_rollout − log π_old| over the response tokens: float rounding
+    when the engine samples with the trainer's weights, more when a sync went wrong."""
+    diff = (rollout_logp - old_logp).abs() * mask
+    return {"rollout/logp_diff": masked_mean(diff, mask).item(), "rollout/logp_diff_max": diff.max().item()}
+
+
 def masked_var(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     """Population variance Σ m·(x − μ)² / Σ m over the masked elements."""
     mean = masked_mean(x, mask, dim)

@@ -101,7 +101,10 @@ class NativeEngine(RolloutEngine):
         if weights is self.model:
             return
         state = weights.state_dict() if isinstance(weights, torch.nn.Module) else weights
-        self.model.load_state_dict(state)
+        # a part of the weights (the adapted layers under LoRA) updates those layers
+        unexpected = self.model.load_state_dict(state, strict=False).unexpected_keys
+        if unexpected:
+            raise ValueError(f"update_weights: the model has no tensors named {unexpected[:5]}")
 
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> list[Completion]:
         if any(len(p) == 0 for p in prompt_ids):
@@ -240,8 +243,24 @@ def _cut_after_stop(text: str, stop: tuple[str, ...]) -> str:
 
 def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
     """Every EOS id named by the generation config, the model config or the tokenizer."""
+    return _eos_of(getattr(model, "generation_config", None), model.config, tokenizer)
+
+
+def eos_ids(path: str, tokenizer: Any) -> set[int]:
+    """The EOS ids of a model folder, as ``NativeEngine`` finds them on the loaded model
+    (an engine that stops only on the tokenizer's EOS would miss a chat model's end of turn)."""
+    from transformers import AutoConfig, GenerationConfig
+
+    try:
+        generation = GenerationConfig.from_pretrained(path)
+    except OSError:
+        generation = None
+    return _eos_of(generation, AutoConfig.from_pretrained(path), tokenizer)
+
+
+def _eos_of(*sources: Any) -> set[int]:
     ids: set[int] = set()
-    for source in (getattr(model, "generation_config", None), model.config, tokenizer):
+    for source in sources:
         eos = getattr(source, "eos_token_id", None)
         if eos is not None:
             ids.update([eos] if isinstance(eos, int) else eos)

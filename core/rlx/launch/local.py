@@ -11,8 +11,14 @@ class LocalGroup:
     """A role with one rank: the worker object itself. A call runs now and returns a
     finished future, so a driver written for futures runs unchanged (and, in order)."""
 
+    size = 1
+
     def __init__(self, role: str, worker: Any):
         self.role, self.worker = role, worker
+
+    def call_each(self, method: str, calls: list[tuple]) -> list[Future]:
+        (args,) = calls
+        return self.call(method, *args)
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> list[Future]:
         future: Future = Future()
@@ -35,10 +41,10 @@ class LocalLauncher:
     ``place(role, cls, *args)`` returns the role's group."""
 
     name = "local"
-    shares_weights = True  # the rollout engine samples with the policy's own module
 
     def __init__(self, host):
         self.host = host
+        self.own_copy = False  # whether the rollout engine holds weights of its own
 
     def place(self, role: str, cls: type, *args: Any, ranks: int = 1, **kwargs: Any) -> LocalGroup:
         if ranks != 1:
@@ -47,10 +53,19 @@ class LocalLauncher:
             kwargs["host"] = self.host
         return LocalGroup(role, cls(*args, **kwargs))
 
-    def place_rollout(self, policy: LocalGroup, config, tokenizer) -> LocalGroup:
+    def place_rollout(self, policy: LocalGroup, config, tokenizer, engine: str) -> LocalGroup:
+        """The native engine samples with the policy's own module; vLLM loads a copy."""
         from rlx.workers.rollout import RolloutWorker
 
+        self.own_copy = engine == "vllm"
+        if self.own_copy:
+            return LocalGroup("rollout", RolloutWorker.vllm(config, tokenizer))
         return LocalGroup("rollout", RolloutWorker.native(config, tokenizer, module=policy.worker.module()))
+
+    def sync_weights(self, policy: LocalGroup, rollout: LocalGroup) -> None:
+        """The policy's new weights into an engine with its own copy (none to send otherwise)."""
+        if self.own_copy:
+            rollout.worker.update_weights(policy.worker.rollout_weights())
 
     def shutdown(self) -> None:
         """Nothing to stop: the workers go with the driver."""

@@ -6,8 +6,9 @@ run's local plugins, ``file.py`` or ``module:attr``, import as they do in the dr
 and then builds the worker, which builds its own plugin host: a registry filled in the
 driver is not visible in another process. Calls return one future per rank.
 
-The rollout engine here holds its own copy of the policy, and the driver sends it the
-policy's weights after every update (``shares_weights`` is False).
+Each rollout engine here holds its own copy of the policy. After every update the
+policy's rank 0 puts the new weights into Ray's object store once, and every engine
+loads them from there (``sync_weights``): the driver never holds them.
 """
 
 from __future__ import annotations
@@ -42,16 +43,26 @@ class _Hosted:
     def call(self, method: str, args: tuple, kwargs: dict) -> Any:
         return getattr(self.worker, method)(*args, **kwargs)
 
+    def call_with(self, method: str, value: Any) -> Any:
+        """``method(value)``: Ray resolves ``value`` from an object reference first."""
+        return getattr(self.worker, method)(value)
+
 
 class RayGroup:
     """One role's actors (its data-parallel ranks)."""
 
     def __init__(self, role: str, actors: list):
         self.role, self.actors = role, actors
+        self.size = len(actors)
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> list[Future]:
         return [self._named(rank, method, actor.call.remote(method, args, kwargs).future())
                 for rank, actor in enumerate(self.actors)]
+
+    def call_each(self, method: str, calls: list[tuple]) -> list[Future]:
+        """``method(*calls[i])`` on rank ``i``, for as many ranks as there are calls."""
+        return [self._named(rank, method, actor.call.remote(method, args, {}).future())
+                for rank, (actor, args) in enumerate(zip(self.actors, calls))]
 
     def _named(self, rank: int, method: str, remote: Future) -> Future:
         """A future that fails like the worker did, or, when the worker's process is gone,
@@ -120,10 +131,26 @@ class RayLauncher:
         actors = [self._actor.remote(self.cwd, self.threads, env, cls, args, kwargs) for env in envs]
         return RayGroup(role, actors)
 
-    def place_rollout(self, policy: RayGroup, config, tokenizer) -> RayGroup:
+    def place_rollout(self, policy: RayGroup, config, tokenizer, engine: str) -> RayGroup:
+        """``rollout.num_engines`` independent engines (``native`` or ``vllm``)."""
         from rlx.workers.rollout import RolloutWorker
 
-        return self.place("rollout", RolloutWorker.native, config, tokenizer)
+        build = RolloutWorker.vllm if engine == "vllm" else RolloutWorker.native
+        indices = [{"engine_index": i} if engine == "vllm" else {} for i in range(config.rollout.num_engines)]
+        actors = [self._actor.remote(self.cwd, self.threads, {}, build, (config, tokenizer), kwargs)
+                  for kwargs in indices]
+        return RayGroup("rollout", actors)
+
+    def sync_weights(self, policy: RayGroup, rollout: RayGroup) -> None:
+        """Every policy rank takes part in gathering the weights (ZeRO-3); rank 0's copy
+        goes into the object store once, and each engine loads it from there."""
+        refs = [actor.call.remote("rollout_weights", (), {}) for actor in policy.actors]
+        for rank, ref in enumerate(refs):
+            policy._named(rank, "rollout_weights", ref.future()).result()
+        loads = [rollout._named(rank, "update_weights", actor.call_with.remote("update_weights", refs[0]).future())
+                 for rank, actor in enumerate(rollout.actors)]
+        for load in loads:
+            load.result()
 
     def shutdown(self) -> None:
         self.ray.shutdown()

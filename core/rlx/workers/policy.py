@@ -77,10 +77,12 @@ class PolicyWorker:
         share = mask.sum().item() / tokens
         return {"loss/policy": policy, "entropy": entropy_term.item(), **{k: v.item() * share for k, v in extra.items()}}
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """The full weights on the CPU, for rollout engines that hold their own copy (rank 0;
-        None on the others)."""
-        return self.engine.full_state_dict()
+    def rollout_weights(self) -> dict[str, torch.Tensor] | None:
+        """What a rollout engine holding its own copy loads after an update (rank 0; None on
+        the others; every rank must call it): checkpoint names, LoRA merged, and under LoRA
+        only the adapted layers."""
+        state = self.engine.full_state_dict()
+        return None if state is None else models.engine_weights(self.engine.model, state)
 
     def save(self, checkpoints: Path, step: int, state: dict, keep: int) -> Path:
         return save_checkpoint(checkpoints, step, self.engine, state, keep=keep)

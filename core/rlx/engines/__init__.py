@@ -1,0 +1,1 @@
+"""Rollout engines beyond the native one (``rlx.rollout``): each an optional extra."""
