@@ -323,3 +323,41 @@ def test_two_rank_zero3_matches_one_process(tmp_path):
     for name, p in saved.named_parameters():
         assert torch.equal(p, ranks[0]["params"][name]), name
     assert math.isfinite(ranks[0]["metrics"][1]["lr"])
+
+
+HUNG = textwrap.dedent('''
+    import os, sys, time
+    import torch
+    import torch.distributed as dist
+    from rlx.engine import init_distributed
+
+    rank = int(os.environ["RANK"])
+    init_distributed(torch.device("cpu"), timeout_s=5)
+    if rank == 1:
+        time.sleep(60)  # never joins the all-reduce
+        sys.exit(0)
+    started = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(1))
+    except Exception as e:
+        print(f"FAILED after {time.monotonic() - started:.1f} s: {type(e).__name__}")
+        sys.exit(3)
+    print("returned")
+''')
+
+
+def test_a_hung_collective_fails_after_the_timeout(tmp_path):
+    (tmp_path / "hung.py").write_text(HUNG)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": "2"}
+    ranks = [subprocess.Popen([sys.executable, str(tmp_path / "hung.py")], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    try:
+        out, err = ranks[0].communicate(timeout=120)
+    finally:
+        ranks[1].kill()
+    assert ranks[0].returncode == 3, out + err
+    seconds = float(out.split("FAILED after ")[1].split(" s")[0])
+    assert 4 <= seconds < 30

@@ -13,7 +13,7 @@ import pytest
 
 from rlx.config import ConfigError, resolve
 from rlx.plugins import build_host
-from test_launchers import SETTINGS, ZERO3, metrics, rlx
+from test_launchers import SETTINGS, ZERO3, assert_same, metrics, rlx
 
 VLLM = ["--set", "rollout.engine=vllm"]
 
@@ -48,8 +48,7 @@ def test_one_local_engine_and_two_ray_engines_sample_the_same(demo_policy, tmp_p
     assert two.returncode == 0, two.stdout + two.stderr
     rows_local, rows_two = metrics(tmp_path / "local"), metrics(tmp_path / "two")
     assert len(rows_two) == 3
-    for a, b in zip(rows_local, rows_two):
-        assert b == pytest.approx(a, rel=1e-5, abs=1e-6)
+    assert_same(rows_two, rows_local)
     # the engine samples with the trainer's weights: synced after every update
     assert all(r["rollout/logp_diff_max"] < 1e-4 for r in rows_two[1:])
 
@@ -69,8 +68,7 @@ def test_grpo_on_two_zero3_ranks_with_a_reference_and_a_vllm_engine_under_ray(de
     resumed = rlx(*run, "--resume")
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert "resumed from" in resumed.stdout
-    for a, b in zip(rows, metrics(tmp_path / "run"), strict=True):
-        assert b == pytest.approx(a, rel=1e-5, abs=1e-6)
+    assert_same(metrics(tmp_path / "run"), rows)
 
 
 def test_engine_settings_are_checked_before_anything_loads(monkeypatch):

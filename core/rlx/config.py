@@ -73,6 +73,7 @@ class TrainingConfig:
     zero_stage: int = opt(2, "DeepSpeed ZeRO stage (0-3)")
     offload_optimizer: bool = opt(False, "DeepSpeed: keep optimizer states on the CPU")
     offload_params: bool = opt(False, "DeepSpeed ZeRO-3: keep parameters on the CPU")
+    collective_timeout: int = opt(600, "seconds a rank waits in a collective (all-reduce, gather) before the run fails")
     device: str = opt("auto", "auto, cpu, cuda or cuda:N")
     lr: float = opt(1e-4, "peak learning rate")
     weight_decay: float = opt(0.0, "AdamW weight decay")
@@ -136,6 +137,7 @@ class LauncherConfig:
     ray_num_cpus: int = opt(8, "logical CPUs of a Ray cluster started here (a scheduling label, not a limit)")
     policy_ranks: int = opt(1, "data-parallel ranks of the policy (ray; more than 1 needs training.backend=deepspeed)")
     critic_ranks: int = opt(1, "data-parallel ranks of the critic (ray; more than 1 needs training.backend=deepspeed)")
+    colocate: list[str] = opt([], "ray: roles that share devices, e.g. policy,reference and critic,reward; or all")
 
 
 @dataclass
@@ -400,12 +402,15 @@ def validate(config: RunConfig) -> None:
         raise ConfigError("rollout.num_engines and rollout.tensor_parallel_size must be at least 1")
     if r.num_engines > 1 and config.launcher.name != "ray":
         raise ConfigError(f"rollout.num_engines={r.num_engines} needs launcher.name=ray (local runs one engine)")
+    if config.launcher.colocate:
+        from rlx.launch.placement import parse_colocate
+
+        parse_colocate(config.launcher.colocate, [])  # names checked now, before anything starts
+        if config.launcher.name != "ray":
+            raise ConfigError("launcher.colocate needs launcher.name=ray (local runs every role on one device)")
     if config.launcher.name == "ray":
         if importlib.util.find_spec("ray") is None:
             raise ConfigError("launcher.name is ray, but Ray is not installed: pip install 'rlx[ray]'")
-        if config.algorithm is not None and not hasattr(config.algorithm, "rollout_batch_size"):
-            raise ConfigError(f"launcher.name is ray, but {config.algo} is an offline algorithm, which runs under "
-                              f"the local launcher only for now")
     for role in ("policy", "critic"):
         ranks = getattr(config.launcher, f"{role}_ranks")
         if ranks < 1:
@@ -416,10 +421,12 @@ def validate(config: RunConfig) -> None:
             raise ConfigError(f"launcher.{role}_ranks={ranks} needs launcher.name=ray (local runs one rank per role)")
         if config.training.backend != "deepspeed":
             raise ConfigError(f"launcher.{role}_ranks={ranks} needs training.backend=deepspeed (data parallelism)")
-        samples = config.algorithm.rollout_batch_size * config.algorithm.n_samples
+        online = hasattr(config.algorithm, "rollout_batch_size")
+        samples = config.algorithm.rollout_batch_size * config.algorithm.n_samples if online else 0
         if config.training.batch_size % ranks or samples % ranks:
-            raise ConfigError(f"training.batch_size ({config.training.batch_size}) and the rollout's samples "
-                              f"({samples}) must split evenly over launcher.{role}_ranks={ranks}")
+            raise ConfigError(f"training.batch_size ({config.training.batch_size})"
+                              f"{f' and the rollout samples ({samples})' if online else ''} "
+                              f"must split evenly over launcher.{role}_ranks={ranks}")
     check = getattr(config.algorithm, "validate", None)
     if check is not None:
         check(config)

@@ -235,11 +235,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def init_distributed(device: torch.device) -> None:
+def init_distributed(device: torch.device, timeout_s: int = 600) -> None:
     """Start torch.distributed (and DeepSpeed's view of it) unless a launcher already did.
 
-    A single process without a launcher gets one-rank defaults on a free local port.
+    A single process without a launcher gets one-rank defaults on a free local port. A
+    collective that waits more than ``timeout_s`` (a rank hung or gone) raises instead of
+    blocking the run for ever.
     """
+    import datetime
+
     import torch.distributed as dist
 
     if dist.is_initialized():
@@ -254,7 +258,8 @@ def init_distributed(device: torch.device) -> None:
     import deepspeed
 
     try:
-        deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo", auto_mpi_discovery=False)
+        deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo", auto_mpi_discovery=False,
+                                   timeout=datetime.timedelta(seconds=timeout_s))
     finally:
         # the port is now held by this process's store: a process started from this one
         # (another run, say) must not inherit it and fail with "address already in use"
@@ -321,7 +326,7 @@ class DeepSpeedEngine(TrainEngine):
         import torch.distributed as dist
 
         device = next(model.parameters()).device
-        init_distributed(device)
+        init_distributed(device, cfg.collective_timeout)
         named = _trainable(model)
         if not named:
             raise ValueError("the model has no trainable parameters")

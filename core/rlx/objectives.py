@@ -33,9 +33,10 @@ class Objective:
     need beyond their format's (key -> allowed types), checked with the others before
     any encoding. ``prepare(train, eval, out, resume, log)``, when set, runs once after
     the examples are encoded and before the policy loads (to precompute reference
-    log-probs, say); ``begin_step(model, rows)``, when set, runs before the
-    micro-batches of each step (and of the eval pass) with all of them (this rank's
-    share), for statistics over the whole step.
+    log-probs, say); ``begin_step(model, rows, engine)``, when set, runs before the
+    micro-batches of each step (and of the eval pass) with all the step's rows (every
+    rank's: the engine gives the rank and reduces over ranks), for statistics over the
+    whole step.
     """
 
     encode: Callable[[dict], dict]
@@ -43,7 +44,7 @@ class Objective:
     loss: Callable[[Any, list[dict], float], tuple[Any, dict[str, float]]]
     extra_keys: dict[str, tuple[type, ...]] = field(default_factory=dict)
     prepare: Callable[..., None] | None = None
-    begin_step: Callable[[Any, list[dict]], None] | None = None
+    begin_step: Callable[[Any, list[dict], Any], None] | None = None
 
 
 def _sft_objective(config: RunConfig, spec: AlgorithmSpec, host, tokenizer, device) -> Objective:
@@ -229,12 +230,13 @@ def _pairs_lm_objective(config: RunConfig, spec: AlgorithmSpec, host, tokenizer,
 def _unpaired_lm_objective(config: RunConfig, spec: AlgorithmSpec, host, tokenizer, device) -> Objective:
     """KTO-style losses on unpaired rows (prompt, completion, desirable flag).
 
-    Before each step's micro-batches, ``begin_step`` computes over the step's rows (this
-    rank's share) what the loss's ``step_statistics`` attribute asks for (see
+    Before each step's micro-batches, ``begin_step`` computes over all the step's rows
+    (every rank's) what the loss's ``step_statistics`` attribute asks for (see
     ``UnpairedScores``): by default the KL reference point, the detached mean of
     (policy − reference) summed log-probs on mismatched pairs, the prompt of row i with
-    the completion of row i + 1 rotating over the step's rows; ``"logratios"``: every
-    row's own detached log-ratio; ``"none"``: nothing.
+    the completion of row i + 1 rotating over the step's rows (each rank scores its share
+    of the pairs, and the sum is reduced over ranks); ``"logratios"``: every row's own
+    detached log-ratio; ``"none"``: nothing. So several ranks see the statistics one does.
     """
     pad_id = tokenizer.pad_token_id
     preference_loss = _preference_loss(config, spec, host)
@@ -261,22 +263,23 @@ def _unpaired_lm_objective(config: RunConfig, spec: AlgorithmSpec, host, tokeniz
         return policy, ref, tokens
 
     @torch.no_grad()
-    def begin_step(model, rows):
+    def begin_step(model, rows, engine):
         state.clear()
         if wants == "kl_ref_point":
             if len(rows) < 2:
                 raise RunError(
                     f"algorithm {spec.name!r}: a step of {len(rows)} row(s) cannot form the mismatched "
-                    f"prompt/completion pairs of the KL reference point; use at least 2 rows per step and rank "
+                    f"prompt/completion pairs of the KL reference point; use at least 2 rows per step "
                     f"(training.batch_size={config.training.batch_size})")
-            total = 0.0
-            for start in range(0, len(rows), micro):
-                chunk = range(start, min(start + micro, len(rows)))
+            mine = list(range(engine.rank, len(rows), engine.world_size))
+            total = torch.zeros((), dtype=torch.float64, device=device)
+            for start in range(0, len(mine), micro):
+                chunk = mine[start:start + micro]
                 prompts = [rows[i]["prompt_ids"] for i in chunk]
                 completions = [rows[(i + 1) % len(rows)]["completion_ids"] for i in chunk]
                 policy, ref, _ = logratio(model, prompts, completions)
-                total += (policy - ref).sum().item()
-            state["kl_ref_point"] = torch.tensor(total / len(rows), device=device)
+                total += (policy - ref).sum().double()
+            state["kl_ref_point"] = (engine.all_reduce_sum(total) / len(rows)).float()
         elif wants == "logratios":
             parts = []
             for chunk in micro_batches(rows, micro):

@@ -86,7 +86,9 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
 
     launcher = make_launcher(config, host)
     try:
-        policy = launcher.place("policy", OfflinePolicyWorker, config, tokenizer)
+        ranks = config.launcher.policy_ranks
+        launcher.reserve({"policy": (ranks, 1)})
+        policy = launcher.place("policy", OfflinePolicyWorker, config, tokenizer, ranks=ranks)
         policy.wait("prepare", examples, eval_examples, out, resume, total_steps=total, log=log)
         world = policy.wait("world_size")
 

@@ -215,8 +215,15 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
         return dict(total_steps=total * updates, micro_steps=max(1, t.batch_size // ranks // t.micro_batch_size))
     launcher = make_launcher(config, host)
     try:
-        reward = launcher.place("reward", RewardWorker, config)
         ranks = config.launcher
+        roles = {"reward": (1, 1 if config.reward.model else 0), "policy": (ranks.policy_ranks, 1),
+                 "rollout": (r.num_engines, r.tensor_parallel_size if engine_name == "vllm" else 1)}
+        if a.kl_coef > 0:
+            roles["reference"] = (1, 1)
+        if spec.value_loss:
+            roles["critic"] = (ranks.critic_ranks, 1)
+        launcher.reserve(roles)  # (ranks, devices per rank) of each role this run has
+        reward = launcher.place("reward", RewardWorker, config)
         policy = launcher.place("policy", PolicyWorker, config, ranks=ranks.policy_ranks,
                         **sizes(ranks.policy_ranks))
         reference = launcher.place("reference", ReferenceWorker, config) if a.kl_coef > 0 else None

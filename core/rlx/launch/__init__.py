@@ -14,5 +14,6 @@ def make_launcher(config, host):
     if cfg.name == "ray":
         from rlx.launch.ray import RayLauncher
 
-        return RayLauncher(address=cfg.ray_address, num_cpus=cfg.ray_num_cpus, threads=config.training.threads)
+        return RayLauncher(address=cfg.ray_address, num_cpus=cfg.ray_num_cpus, threads=config.training.threads,
+                           colocate=cfg.colocate)
     return LocalLauncher(host)

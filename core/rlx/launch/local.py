@@ -46,6 +46,9 @@ class LocalLauncher:
         self.host = host
         self.own_copy = False  # whether the rollout engine holds weights of its own
 
+    def reserve(self, roles: dict) -> None:
+        """Nothing to reserve: every role runs here."""
+
     def place(self, role: str, cls: type, *args: Any, ranks: int = 1, **kwargs: Any) -> LocalGroup:
         if ranks != 1:
             raise ValueError(f"the local launcher runs one rank per role, not {ranks}: use --launcher ray")

@@ -108,28 +108,68 @@ class RayLauncher:
     name = "ray"
     shares_weights = False
 
-    def __init__(self, *, address: str = "", num_cpus: int = 8, threads: int = 0):
+    def __init__(self, *, address: str = "", num_cpus: int = 8, threads: int = 0, colocate: list[str] = ()):
         ray = _import_ray()
         if not ray.is_initialized():
             if address:
                 ray.init(address=address, log_to_driver=False)
             else:
                 ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
-        self.ray, self.threads, self.cwd = ray, threads, os.getcwd()
-        self._actor = ray.remote(num_cpus=1)(_Hosted)
+        self.ray, self.threads, self.cwd, self.colocate = ray, threads, os.getcwd(), list(colocate)
+        self._actor = ray.remote(_Hosted)
+        self.group, self.slots = None, {}
+
+    def reserve(self, roles: dict[str, tuple[int, float]]) -> None:
+        """One placement group for the run: a device slot per rank, shared by colocated roles
+        (``rlx.launch.placement``); it is held until ``shutdown``."""
+        from ray.util.placement_group import placement_group
+
+        from rlx.launch.placement import parse_colocate, plan
+
+        gpus = self.ray.cluster_resources().get("GPU", 0) > 0
+        bundles, self.slots = plan(roles, parse_colocate(self.colocate, list(roles)), gpus)
+        self.group = placement_group(bundles, strategy="PACK")
+        try:
+            self.ray.get(self.group.ready(), timeout=120)
+        except self.ray.exceptions.GetTimeoutError:
+            raise RunError(f"the Ray cluster cannot hold the run's {len(bundles)} device slots {bundles} "
+                           f"(it has {self.ray.cluster_resources()}): add machines, or colocate roles "
+                           f"with launcher.colocate") from None
+
+    def _start(self, role: str, rank: int, env: dict, cls, args: tuple, kwargs: dict):
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        slot = self.slots[role][rank]
+        strategy = PlacementGroupSchedulingStrategy(placement_group=self.group, placement_group_bundle_index=slot.bundle)
+        return self._actor.options(num_cpus=slot.cpus, num_gpus=slot.gpus, scheduling_strategy=strategy).remote(
+            self.cwd, self.threads, env, cls, args, kwargs)
 
     def place(self, role: str, cls: type, *args: Any, ranks: int = 1, **kwargs: Any) -> RayGroup:
-        """``ranks`` actors of ``cls(*args, **kwargs)``; several ranks form one torch.distributed
-        group (gloo on the CPU, nccl on GPUs), as DeepSpeed's data parallelism needs."""
+        """``ranks`` actors of ``cls(*args, **kwargs)`` in the role's slots; several ranks form
+        one torch.distributed group (gloo on the CPU, nccl on GPUs), as DeepSpeed's data
+        parallelism needs."""
         envs = [{}]
         if ranks > 1:
+            address, port = self._rendezvous(role)
+            # LOCAL_RANK 0: Ray shows each actor only its own GPUs
+            envs = [{"MASTER_ADDR": address, "MASTER_PORT": str(port), "RANK": str(rank), "LOCAL_RANK": "0",
+                     "WORLD_SIZE": str(ranks)} for rank in range(ranks)]
+        return RayGroup(role, [self._start(role, rank, env, cls, args, kwargs) for rank, env in enumerate(envs)])
+
+    def _rendezvous(self, role: str) -> tuple[str, int]:
+        """The address and a free port of the machine that holds the role's rank 0."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        def where() -> tuple[str, int]:
+            import ray
+
             from rlx.engine import _free_port
 
-            port = str(_free_port())
-            envs = [{"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "RANK": str(rank), "LOCAL_RANK": str(rank),
-                     "WORLD_SIZE": str(ranks)} for rank in range(ranks)]
-        actors = [self._actor.remote(self.cwd, self.threads, env, cls, args, kwargs) for env in envs]
-        return RayGroup(role, actors)
+            return ray.util.get_node_ip_address(), _free_port()
+
+        strategy = PlacementGroupSchedulingStrategy(placement_group=self.group,
+                                                    placement_group_bundle_index=self.slots[role][0].bundle)
+        return self.ray.get(self.ray.remote(where).options(num_cpus=0, scheduling_strategy=strategy).remote())
 
     def place_rollout(self, policy: RayGroup, config, tokenizer, engine: str) -> RayGroup:
         """``rollout.num_engines`` independent engines (``native`` or ``vllm``)."""
@@ -137,9 +177,8 @@ class RayLauncher:
 
         build = RolloutWorker.vllm if engine == "vllm" else RolloutWorker.native
         indices = [{"engine_index": i} if engine == "vllm" else {} for i in range(config.rollout.num_engines)]
-        actors = [self._actor.remote(self.cwd, self.threads, {}, build, (config, tokenizer), kwargs)
-                  for kwargs in indices]
-        return RayGroup("rollout", actors)
+        return RayGroup("rollout", [self._start("rollout", i, {}, build, (config, tokenizer), kwargs)
+                                    for i, kwargs in enumerate(indices)])
 
     def sync_weights(self, policy: RayGroup, rollout: RayGroup) -> None:
         """Every policy rank takes part in gathering the weights (ZeRO-3); rank 0's copy
@@ -153,4 +192,8 @@ class RayLauncher:
             load.result()
 
     def shutdown(self) -> None:
+        if self.group is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self.group)
         self.ray.shutdown()

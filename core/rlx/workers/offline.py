@@ -33,6 +33,7 @@ class OfflinePolicyWorker:
         if self.objective.prepare is not None:
             self.objective.prepare(examples, eval_examples, out, resume, log)
         load = models.load_value_model if self.spec.head == "value" else models.load_causal_lm
+        torch.manual_seed(self.t.seed)  # a new value head starts the same wherever a launcher builds this worker
         self.engine = make_engine(load(self.config.model, self.device), self.t, total_steps=total_steps,
                                   micro_steps_per_step=self.t.batch_size // self.t.micro_batch_size)
         self.engine.model.train()
@@ -53,7 +54,7 @@ class OfflinePolicyWorker:
         sums: dict[str, float] = {}
         tokens = 0
         if objective.begin_step is not None:
-            objective.begin_step(engine.model, shard)
+            objective.begin_step(engine.model, rows, engine)
         for micro in micro_batches(shard, self.t.micro_batch_size):
             loss, metrics = objective.loss(engine.model, micro, normaliser)
             # the engine averages gradients over ranks; the normaliser already spans them
@@ -80,7 +81,7 @@ class OfflinePolicyWorker:
         normaliser = float(objective.count(rows))
         sums: dict[str, float] = {}
         if objective.begin_step is not None:
-            objective.begin_step(engine.model, rows)
+            objective.begin_step(engine.model, rows, engine)
         for micro in micro_batches(rows, self.t.micro_batch_size):
             _, metrics = objective.loss(engine.model, micro, normaliser)
             for k, v in metrics.items():
