@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -81,8 +82,12 @@ def old_tree(rev: str, into: Path, tree: Path | None = None) -> dict:
     packages = into / "packages"
     packages.mkdir()
     (packages / "rlx").symlink_to(tree / "core")  # its layout: core/ was `rlx`, cli/ was `rlx.cli`
-    if not (tree / "core" / "cli").exists():
-        (tree / "core" / "cli").symlink_to(tree / "cli")
+    tree = tree.resolve()  # the runs work in other folders
+    cli = tree / "core" / "cli"
+    if not (cli / "__init__.py").exists():  # a copied tree may hold a dangling link
+        if cli.is_symlink():
+            cli.unlink()
+        shutil.copytree(tree / "cli", cli)
     paths = [str(packages)] + sorted(str(p) for p in tree.glob("plugins/*/*/src"))
     return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
 
