@@ -8,7 +8,7 @@ single-process loop they replaced (commit 957d5c4, the last before the workers),
   8 samples, 128-token prompts, 512 new tokens (a random model of that vocabulary all but
   never samples EOS; the mean response length is printed).
 
-    python benchmarks/local_overhead.py [--workload w0|w1] [--baseline REV | --baseline-tree DIR]
+    python benchmarks/local_overhead.py [--workload w0|w1] [--baseline REV | --baseline-tree DIR] [--new-tree DIR]
                                         [--rounds 3] [--steps 6]
 
 Both versions run as subprocesses, alternating, on the same seed: the old one from a copy
@@ -79,16 +79,23 @@ def old_tree(rev: str, into: Path, tree: Path | None = None) -> dict:
         tree.mkdir()
         archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], capture_output=True, check=True).stdout
         subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    tree = tree.resolve()  # the runs work in other folders
     packages = into / "packages"
     packages.mkdir()
     (packages / "rlx").symlink_to(tree / "core")  # its layout: core/ was `rlx`, cli/ was `rlx.cli`
-    tree = tree.resolve()  # the runs work in other folders
     cli = tree / "core" / "cli"
     if not (cli / "__init__.py").exists():  # a copied tree may hold a dangling link
         if cli.is_symlink():
             cli.unlink()
         shutil.copytree(tree / "cli", cli)
     paths = [str(packages)] + sorted(str(p) for p in tree.glob("plugins/*/*/src"))
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+
+
+def current_tree(tree: Path) -> dict:
+    """The environment that imports the rlx and plugins of an extracted tree of today's layout."""
+    tree = tree.resolve()
+    paths = [str(tree / "core"), str(tree / "cli")] + sorted(str(p) for p in tree.glob("plugins/*/*/src"))
     return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
 
 
@@ -111,6 +118,7 @@ def main() -> None:
     parser.add_argument("--workload", choices=["w0", "w1"], default="w0")
     parser.add_argument("--baseline", default="957d5c4")
     parser.add_argument("--baseline-tree", type=Path, help="an extracted tree of the baseline (no git needed)")
+    parser.add_argument("--new-tree", type=Path, help="an extracted tree to measure instead of the installed rlx")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=6)
     args = parser.parse_args()
@@ -119,7 +127,7 @@ def main() -> None:
         cache = {"RLX_CACHE": str(tmp / "cache")}
         workload = W0 if args.workload == "w0" else w1_files(tmp)
         old_env = {**old_tree(args.baseline, tmp, args.baseline_tree), **cache}
-        new_env = {**os.environ, **cache}
+        new_env = {**(current_tree(args.new_tree) if args.new_tree else os.environ), **cache}
         times: dict[str, list[float]] = {"old": [], "new": []}
         runs: dict[str, list[dict]] = {}
         for i in range(args.rounds):

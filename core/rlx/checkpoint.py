@@ -16,9 +16,12 @@ import os
 import random
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
+from rlx.errors import RunError
 
 COMPLETE = "COMPLETE"
 _NAME = re.compile(r"step_(\d{8,})")
@@ -91,6 +94,21 @@ def latest_checkpoint(root: str | Path) -> Path | None:
     """
     found = _complete(Path(root))
     return found[-1] if found else None
+
+
+def resume_latest(root: str | Path, restore: Callable[[Path], int], log=print) -> int:
+    """Restore a run from the latest complete checkpoint under ``root`` (``--resume``).
+
+    ``restore`` loads one checkpoint folder into the run and returns its step, which
+    this returns too. Resuming from nothing is an error: a fresh start would silently
+    overwrite the run it was meant to continue.
+    """
+    path = latest_checkpoint(root)
+    if path is None:
+        raise RunError(f"--resume: no complete checkpoint under {root}")
+    step = restore(path)
+    log(f"resumed from {path} at step {step}")
+    return step
 
 
 def save_checkpoint(root: str | Path, step: int, engine, trainer_state: dict, keep: int, *,

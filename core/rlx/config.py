@@ -115,6 +115,7 @@ class RolloutConfig:
     max_new_tokens: int = opt(64, "longest response, in tokens")
     stop: list[str] = opt([], "stop strings that end a response")
     max_batch_size: int = opt(256, "sequences decoded together by the native engine")
+    cuda_graphs: bool = opt(True, "native engine on a GPU: replay each decode step from a captured CUDA graph")
     num_engines: int = opt(1, "rollout engines (ray: one actor each); a step's prompts are split evenly over them")
     tensor_parallel_size: int = opt(1, "vllm: devices each engine shards the model over")
     gpu_memory_utilization: float = opt(0.5, "vllm: share of its GPU's memory an engine may take (weights + KV cache)")

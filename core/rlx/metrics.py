@@ -19,6 +19,12 @@ from rlx.config import LoggingConfig
 _BAR = {"loss": "loss", "loss/policy": "loss", "reward/mean": "reward", "tokens_per_s": "tok/s"}
 
 
+def add_shares(into: dict[str, float], values: dict[str, float]) -> None:
+    """Adds each rank's or micro-batch's share of a metric; a ``*_max`` metric keeps the largest."""
+    for k, v in values.items():
+        into[k] = max(into.get(k, float(v)), float(v)) if k.endswith("_max") else into.get(k, 0.0) + float(v)
+
+
 def _number(value) -> float | None:
     value = float(value.item() if hasattr(value, "item") else value)
     return value if math.isfinite(value) else None

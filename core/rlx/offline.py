@@ -20,7 +20,7 @@ import torch
 
 from rlx import data, models
 from rlx.algorithm import AlgorithmSpec
-from rlx.checkpoint import latest_checkpoint
+from rlx.checkpoint import resume_latest
 from rlx.config import RunConfig
 from rlx.errors import RunError
 from rlx.launch import make_launcher
@@ -92,14 +92,8 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
         policy.wait("prepare", examples, eval_examples, out, resume, total_steps=total, log=log)
         world = policy.wait("world_size")
 
-        step = 0
         checkpoints = out / "checkpoints"
-        if resume:
-            path = latest_checkpoint(checkpoints)
-            if path is None:
-                raise RunError(f"--resume: no complete checkpoint under {checkpoints}")
-            step = policy.wait("load", path)
-            log(f"resumed from {path} at step {step}")
+        step = resume_latest(checkpoints, lambda path: policy.wait("load", path), log) if resume else 0
 
         logger = RunLogger(out, config.logging, total, start_step=step, rank=policy.wait("rank"))
         metrics: dict[str, float] = {}

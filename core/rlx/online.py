@@ -33,11 +33,11 @@ import torch
 from rlx import data, models, ops
 from rlx.algorithm import AlgorithmSpec, call_with_accepted
 from rlx.batch import Batch
-from rlx.checkpoint import latest_checkpoint
+from rlx.checkpoint import resume_latest
 from rlx.config import RunConfig
 from rlx.errors import RunError
 from rlx.launch import make_launcher
-from rlx.metrics import RunLogger
+from rlx.metrics import RunLogger, add_shares
 from rlx.rollout import SamplingParams
 from rlx.workers.critic import CriticWorker
 from rlx.workers.forward import minibatches
@@ -238,16 +238,17 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
         kl_coef = AdaptiveKL(a.kl_coef, a.kl_target, a.kl_horizon)
         step, stream = 0, PromptStream(prompts, t.seed)
         checkpoints = out / "checkpoints"
-        if resume:
-            path = latest_checkpoint(checkpoints)
-            if path is None:
-                raise RunError(f"--resume: no complete checkpoint under {checkpoints}")
+
+        def restore(path: Path) -> int:
             state = policy.wait("load", path)
             if critic is not None:
                 critic.wait("load", checkpoints / f"critic_{state['step']:08d}")
-            step, stream.cursor, kl_coef.value = state["step"], state["cursor"], state["kl_coef"]
+            stream.cursor, kl_coef.value = state["cursor"], state["kl_coef"]
             launcher.sync_weights(policy, rollout_group)  # an engine with its own copy starts from the model folder
-            log(f"resumed from {path} at step {step}")
+            return state["step"]
+
+        if resume:
+            step = resume_latest(checkpoints, restore, log)
 
         def checkpoint() -> None:
             # the critic goes first: the policy's COMPLETE marker is what makes a step resumable
@@ -293,12 +294,17 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
 
             # 3. old log-probs, reference log-probs, values
             started = time.perf_counter()
-            batch.old_logp = gather(policy.call_split("logprobs", batch))
+            # One update per rollout needs no pass of its own for the old log-probs: the
+            # training forward's, detached, are the same numbers (ratio 1, the same gradient).
+            single_update = a.epochs == 1 and t.batch_size >= len(batch)
+            reuse = single_update and reference is None and not a.off_policy_correction
+            batch.old_logp = None if reuse else gather(policy.call_split("logprobs", batch))
             batch.ref_logp = gather(reference.call_split("logprobs", batch)) if reference is not None else None
             batch.values = gather(critic.call_split("values", batch)) if critic is not None else None
             kl = ops.kl_estimator(a.kl_estimator)(batch.old_logp, batch.ref_logp) if reference is not None else None
-            if batch.rollout_logp is not None:  # how far the engine's log-probs are from the trainer's
+            if batch.rollout_logp is not None and batch.old_logp is not None:  # else the update measures it
                 metrics.update(ops.logp_mismatch(batch.rollout_logp, batch.old_logp, batch.action_mask))
+            logprobs_time = time.perf_counter() - started
 
             # 4. advantages
             estimated = call_with_accepted(
@@ -332,6 +338,7 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
                 "response_length/mean": lengths.mean().item(),
                 "time/rollout": rollout_time,
                 "time/train": train_time,
+                "time/logprobs": logprobs_time,
                 "time/sync": sync_time,
                 "tokens_per_s/rollout": generated / max(rollout_time, 1e-9),
             })
@@ -372,17 +379,12 @@ def update(batch: Batch, policy, critic, a, t, *, beta: float, seed: int) -> dic
         for futures in pending:
             results = [f.result() for f in futures]
             for shares, _ in results:  # each rank's share of the step's metrics
-                _add(sums, shares)
-            _add(sums, results[0][1])  # the update's own (grad norm, lr): the same on every rank
+                add_shares(sums, shares)
+            add_shares(sums, results[0][1])  # the update's own (grad norm, lr): the same on every rank
         steps += 1
-    return {k: v / steps for k, v in sums.items()}
+    return {k: v if k.endswith("_max") else v / steps for k, v in sums.items()}
 
 
 def gather(futures) -> torch.Tensor:
     """The per-rank results of a split call, in sample order."""
     return torch.cat([f.result() for f in futures])
-
-
-def _add(into: dict[str, float], values: dict[str, float]) -> None:
-    for k, v in values.items():
-        into[k] = into.get(k, 0.0) + float(v)

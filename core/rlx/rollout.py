@@ -15,6 +15,8 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import torch
 from transformers import DynamicCache
 
+from rlx.engines.static_decode import StaticDecoder, sample, supports
+
 
 @dataclass
 class SamplingParams:
@@ -72,13 +74,15 @@ class RolloutEngine(Protocol):
 
 
 class NativeEngine(RolloutEngine):
-    """Rollouts with a transformers causal LM and a hand-written KV-cache decode loop.
+    """Rollouts with a transformers causal LM and a decode loop of rlx's own.
 
     The engine holds a reference to ``model``: when that is the actor being trained,
     generation sees every optimizer step at once and ``update_weights(model)`` is a
     no-op. Batches hold up to ``max_batch_size`` sequences, and always whole groups of
     the n samples of a prompt: each prompt is prefilled once and its KV cache copied to
-    its n samples. Rows that finish leave the batch.
+    its n samples. Llama-family models then decode with a static cache (and on CUDA,
+    unless ``cuda_graphs`` is off, from captured CUDA graphs: ``rlx.engines.static_decode``);
+    others with transformers' growing cache, rows leaving the batch as they finish.
 
     Log-probs are taken under softmax(logits / T) before top-k/top-p truncation, the
     distribution the trainer recomputes (ALGORITHMS.md: training log-probs use
@@ -89,13 +93,15 @@ class NativeEngine(RolloutEngine):
     whatever that last token decoded to after it.
     """
 
-    def __init__(self, model: Any, tokenizer: Any, *, device: str | torch.device | None = None, max_batch_size: int = 64):
+    def __init__(self, model: Any, tokenizer: Any, *, device: str | torch.device | None = None, max_batch_size: int = 64,
+                 cuda_graphs: bool = True):
         self.model = model
         self.tokenizer = tokenizer
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.max_batch_size = max_batch_size
         self.eos_ids = _eos_ids(model, tokenizer)
         self.pad_id = _pad_id(model, tokenizer, self.eos_ids)
+        self.static = StaticDecoder(model, self.device, graphs=cuda_graphs) if supports(model) else None
 
     def update_weights(self, weights: torch.nn.Module | Mapping[str, torch.Tensor]) -> None:
         if weights is self.model:
@@ -149,25 +155,52 @@ class NativeEngine(RolloutEngine):
             use_cache=True,
             logits_to_keep=1,
         )
-        # One prefill per prompt, shared by its n samples.
-        cache.batch_repeat_interleave(n)
-        logits = out.logits[:, -1].float().repeat_interleave(n, 0)
-        attention = attention.repeat_interleave(n, 0)
-        next_position = positions[:, -1:].repeat_interleave(n, 0) + 1
+        max_stop = max((len(s) for s in params.stop), default=0)
+
+        def finished(tokens: list[int]) -> bool:
+            return tokens[-1] in self.eos_ids or (max_stop > 0 and self._hits_stop(tokens, params.stop, max_stop))
 
         rows = len(prompts) * n
+        # Each batch samples from a seed of its own, drawn from the caller's generator: both
+        # decode loops then draw the same random numbers for the same rows.
+        seed = int(torch.randint(2**62, (1,), generator=generator, device=self.device))
+        if self.static is not None:
+            tokens, logprobs = self.static.run(cache, out.logits[:, -1].float(), attention, positions[:, -1] + 1, n,
+                                               params, seed, finished)
+        else:
+            tokens, logprobs = self._decode(cache, out.logits[:, -1].float(), attention, positions, n, params,
+                                            torch.Generator(self.device).manual_seed(seed), finished)
+        done = [bool(t) and finished(t) for t in tokens]
+        completions = []
+        for row in range(rows):
+            text = self.tokenizer.decode(tokens[row], skip_special_tokens=True)
+            if done[row] and tokens[row][-1] not in self.eos_ids:
+                text = _cut_after_stop(text, params.stop)
+            reason = "stop" if done[row] else "length"
+            completions.append(Completion(first_index + row // n, tokens[row], logprobs[row], text, reason))
+        return completions
+
+    def _decode(self, cache, logits, attention, positions, n: int, params: SamplingParams,
+                generator: torch.Generator | None, finished) -> tuple[list[list[int]], list[list[float]]]:
+        """The plain transformers decode loop (models ``StaticDecoder`` does not drive):
+        a growing cache, and rows that finish leave the batch."""
+        # One prefill per prompt, shared by its n samples.
+        cache.batch_repeat_interleave(n)
+        logits = logits.repeat_interleave(n, 0)
+        attention = attention.repeat_interleave(n, 0)
+        next_position = positions[:, -1:].repeat_interleave(n, 0) + 1
+        rows = len(logits)
         tokens: list[list[int]] = [[] for _ in range(rows)]
         logprobs: list[list[float]] = [[] for _ in range(rows)]
-        finished = [False] * rows
         active = list(range(rows))  # the rows still in the batch, in batch order
-        max_stop = max((len(s) for s in params.stop), default=0)
         for step in range(params.max_new_tokens):
-            token, logprob = _sample(logits, params, generator)
-            for row, tok, lp in zip(active, token.tolist(), logprob.tolist()):
+            token, logprob = sample(logits, params, generator)
+            keep = []
+            for b, (row, tok, lp) in enumerate(zip(active, token.tolist(), logprob.tolist())):
                 tokens[row].append(tok)
                 logprobs[row].append(lp)
-                finished[row] = tok in self.eos_ids or (max_stop > 0 and self._hits_stop(tokens[row], params.stop, max_stop))
-            keep = [b for b, row in enumerate(active) if not finished[row]]
+                if not finished(tokens[row]):
+                    keep.append(b)
             if not keep or step == params.max_new_tokens - 1:
                 break
             if len(keep) < len(active):
@@ -176,24 +209,11 @@ class NativeEngine(RolloutEngine):
                 token, attention, next_position = token[index], attention[index], next_position[index]
                 active = [active[b] for b in keep]
             attention = torch.cat([attention, attention.new_ones(len(active), 1)], dim=1)
-            out = self.model(
-                input_ids=token[:, None],
-                attention_mask=attention,
-                position_ids=next_position,
-                past_key_values=cache,
-                use_cache=True,
-            )
+            out = self.model(input_ids=token[:, None], attention_mask=attention, position_ids=next_position,
+                             past_key_values=cache, use_cache=True)
             logits = out.logits[:, -1].float()
             next_position = next_position + 1
-
-        completions = []
-        for row in range(rows):
-            text = self.tokenizer.decode(tokens[row], skip_special_tokens=True)
-            if finished[row] and tokens[row][-1] not in self.eos_ids:
-                text = _cut_after_stop(text, params.stop)
-            reason = "stop" if finished[row] else "length"
-            completions.append(Completion(first_index + row // n, tokens[row], logprobs[row], text, reason))
-        return completions
+        return tokens, logprobs
 
     def _hits_stop(self, tokens: list[int], stop: tuple[str, ...], max_stop: int) -> bool:
         """Whether the newest token completes a stop string.
@@ -204,35 +224,6 @@ class NativeEngine(RolloutEngine):
         """
         tail = self.tokenizer.decode(tokens[-(max_stop + 2) :], skip_special_tokens=True)
         return any(s in tail for s in stop)
-
-
-def _sample(
-    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Next token of each row and its log-prob under softmax(logits / T), before truncation."""
-    greedy = params.greedy or params.temperature == 0
-    logprobs = (logits / (params.temperature if params.temperature > 0 else 1.0)).log_softmax(-1)
-    if greedy:
-        token = logprobs.argmax(-1)
-    else:
-        weights = _truncate(logprobs, params.top_k, params.top_p).exp()
-        token = torch.multinomial(weights, 1, generator=generator).squeeze(-1)
-    return token, logprobs.gather(-1, token[:, None]).squeeze(-1)
-
-
-def _truncate(logprobs: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """Top-k, then top-p (nucleus) on the renormalised top-k distribution; dropped tokens get −inf."""
-    if 0 < top_k < logprobs.shape[-1]:
-        kth = logprobs.topk(top_k, dim=-1).values[:, -1:]
-        logprobs = logprobs.masked_fill(logprobs < kth, float("-inf")).log_softmax(-1)
-    if top_p < 1.0:
-        sorted_logprobs, order = logprobs.sort(-1, descending=True)
-        probs = sorted_logprobs.exp()
-        # Drop a token once the tokens ranked above it hold more than top_p of the mass.
-        drop_sorted = probs.cumsum(-1) - probs > top_p
-        drop = drop_sorted.scatter(-1, order, drop_sorted)
-        logprobs = logprobs.masked_fill(drop, float("-inf"))
-    return logprobs
 
 
 def _cut_after_stop(text: str, stop: tuple[str, ...]) -> str:

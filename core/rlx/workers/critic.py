@@ -12,7 +12,8 @@ from rlx.batch import Batch
 from rlx.checkpoint import load_checkpoint, save_checkpoint
 from rlx.engine import make_engine, save_hf
 from rlx.workers.forward import batched, chunks, response_values
-from rlx.workers.policy import _add, own_host
+from rlx.metrics import add_shares
+from rlx.workers.policy import own_host
 
 
 class CriticWorker:
@@ -46,7 +47,7 @@ class CriticWorker:
             loss = ops.aggregate(per_token, micro.action_mask, "token_mean", token_count=token_count)
             engine.backward(loss * engine.world_size)
             share = micro.action_mask.sum().item() / token_count
-            _add(metrics, {"loss/value": loss.item(), **{f"value/{k}": v.item() * share for k, v in extra.items()}})
+            add_shares(metrics, {"loss/value": loss.item(), **{f"value/{k}": v.item() * share for k, v in extra.items()}})
         return metrics, {f"critic/{k}": v for k, v in engine.step().items()}
 
     def save(self, checkpoints: Path, step: int) -> Path:

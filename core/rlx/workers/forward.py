@@ -28,21 +28,53 @@ def minibatches(batch: Batch, *, epochs: int, size: int, seed: int) -> Iterator[
             yield batch.select(order[start:start + size])
 
 
-def response_logits(model, batch: Batch) -> torch.Tensor:
-    """Logits that predict each response token: [B, R, V]."""
-    response_len = batch.action_mask.shape[1]
-    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
-                logits_to_keep=response_len + 1, use_cache=False, **batch.extra)
-    return out.logits[:, :-1]
+# tokens whose float32 logits a chunk holds at once: 2^27 elements (512 MiB) of them
+_CHUNK_ELEMENTS = 1 << 27
 
 
 def response_logprobs(model, batch: Batch, temperature: float, *, with_entropy: bool = False):
     """log softmax(z / T) of each response token [B, R], and the entropy of the untempered
-    logits when asked."""
-    logits = response_logits(model, batch)
-    logp = ops.token_logprobs(logits, batch.responses, temperature)
-    entropy = ops.entropy_from_logits(logits) if with_entropy else None
-    return logp, entropy
+    logits when asked; 0 on tokens outside ``action_mask``.
+
+    The model runs up to its last hidden states; the output head then runs over the action
+    tokens only, a chunk at a time, and under autograd each chunk is recomputed in the
+    backward pass: the [tokens, vocab] float32 logits never exist whole.
+    """
+    response_len = batch.action_mask.shape[1]
+    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
+                logits_to_keep=1, output_hidden_states=True, use_cache=False, **batch.extra)
+    hidden = out.hidden_states[-1][:, -(response_len + 1):-1]  # the states that predict each response token
+    index = batch.action_mask.flatten().nonzero().squeeze(-1)
+    head = models.hf_module(model).get_output_embeddings()
+    logp, entropy = _head_logprobs(head, hidden.flatten(0, 1)[index], batch.responses.flatten()[index], temperature,
+                                   with_entropy)
+    shape = batch.action_mask.shape
+
+    def scatter(values):
+        return values.new_zeros(shape.numel()).index_put((index,), values).view(shape)
+
+    return scatter(logp), scatter(entropy) if with_entropy else None
+
+
+def _head_logprobs(head, hidden: torch.Tensor, labels: torch.Tensor, temperature: float, with_entropy: bool):
+    from torch.utils.checkpoint import checkpoint
+
+    vocab = head.out_features if hasattr(head, "out_features") else head.weight.shape[0]
+    size = max(1, _CHUNK_ELEMENTS // vocab)
+    parts = []
+    for start in range(0, len(hidden), size):
+        args = (head, hidden[start:start + size], labels[start:start + size], temperature, with_entropy)
+        parts.append(checkpoint(_chunk, *args, use_reentrant=False) if torch.is_grad_enabled() else _chunk(*args))
+    if not parts:  # no action tokens: empty results that still reach the graph
+        empty = hidden[:, 0].float() * 0
+        return empty, empty
+    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+
+def _chunk(head, hidden, labels, temperature, with_entropy):
+    logits = head(hidden)
+    logp = ops.token_logprobs(logits, labels, temperature)
+    return logp, ops.entropy_from_logits(logits) if with_entropy else logp.new_zeros(0)
 
 
 def response_values(critic, batch: Batch) -> torch.Tensor:

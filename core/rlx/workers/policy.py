@@ -10,6 +10,7 @@ from rlx import models, ops
 from rlx.algorithm import call_with_accepted
 from rlx.batch import Batch
 from rlx.checkpoint import load_checkpoint, save_checkpoint
+from rlx.metrics import add_shares
 from rlx.engine import make_engine, save_hf
 from rlx.workers.forward import batched, chunks, response_logprobs
 
@@ -55,16 +56,24 @@ class PolicyWorker:
         agg = dict(token_count=token_count, seq_count=seq_count, max_len=self.r.max_new_tokens)
         metrics: dict[str, float] = {}
         for index in chunks(len(batch), self.t.micro_batch_size):
-            _add(metrics, self._micro_step(batch.select(index), beta, token_count, agg))
+            add_shares(metrics, self._micro_step(batch.select(index), beta, token_count, agg))
         return metrics, self.engine.step()
 
     def _micro_step(self, micro: Batch, beta: float, tokens: float, agg: dict) -> dict[str, float]:
         a, engine, mask = self.a, self.engine, micro.action_mask
         logp, entropy = response_logprobs(engine.model, micro, self.r.temperature, with_entropy=True)
-        per_token, extra = call_with_accepted(self.policy_loss, logp, micro.old_logp, micro.advantages, mask,
+        share = mask.sum().item() / tokens
+        measured = {}
+        old_logp = micro.old_logp
+        if old_logp is None:  # the driver skipped the old pass: this forward's log-probs are the old ones
+            old_logp = logp.detach()
+            if micro.rollout_logp is not None:
+                measured = ops.logp_mismatch(micro.rollout_logp, old_logp, mask)
+                measured["rollout/logp_diff"] *= share
+        per_token, extra = call_with_accepted(self.policy_loss, logp, old_logp, micro.advantages, mask,
                                               config=a, rollout_logp=micro.rollout_logp)
         if self.correction is not None:
-            per_token, corrected = self.correction(per_token, micro.old_logp, micro.rollout_logp, mask, config=a)
+            per_token, corrected = self.correction(per_token, old_logp, micro.rollout_logp, mask, config=a)
             extra = {**extra, **corrected}
         loss = ops.aggregate(per_token, mask, a.loss_agg, **agg)
         policy = loss.item()
@@ -74,8 +83,8 @@ class PolicyWorker:
         if a.entropy_coef:
             loss = loss - a.entropy_coef * entropy_term
         engine.backward(loss * engine.world_size)
-        share = mask.sum().item() / tokens
-        return {"loss/policy": policy, "entropy": entropy_term.item(), **{k: v.item() * share for k, v in extra.items()}}
+        return {"loss/policy": policy, "entropy": entropy_term.item(), **measured,
+                **{k: v.item() * share for k, v in extra.items()}}
 
     def rollout_weights(self) -> dict[str, torch.Tensor] | None:
         """What a rollout engine holding its own copy loads after an update (rank 0; None on
@@ -92,11 +101,6 @@ class PolicyWorker:
 
     def save_final(self, tokenizer, out: Path) -> None:
         save_hf(self.engine, tokenizer, out)
-
-
-def _add(into: dict[str, float], values: dict[str, float]) -> None:
-    for k, v in values.items():
-        into[k] = into.get(k, 0.0) + float(v)
 
 
 def own_host(config, host=None):

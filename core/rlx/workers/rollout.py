@@ -23,7 +23,8 @@ class RolloutWorker:
         device = models.resolve_device(config.training.device)
         if module is None:
             module = models.load_causal_lm(config.model, device, trainable=False)
-        return cls(NativeEngine(module, tokenizer, device=device, max_batch_size=config.rollout.max_batch_size))
+        return cls(NativeEngine(module, tokenizer, device=device, max_batch_size=config.rollout.max_batch_size,
+                                cuda_graphs=config.rollout.cuda_graphs))
 
     @classmethod
     def vllm(cls, config, tokenizer, engine_index: int = 0) -> "RolloutWorker":

@@ -1,0 +1,86 @@
+"""Where a W1 decode step's time goes (one GPU): the static decoder's CUDA-graph step at
+batch 512, timed at the shortest and longest cache span with each attention backend, and
+the GPU kernels of one eager step ranked by time.
+
+    python benchmarks/decode_profile.py
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from torch.nn.attention import SDPBackend
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from local_overhead import w1_files  # noqa: E402
+
+BACKENDS = {"efficient": [SDPBackend.EFFICIENT_ATTENTION], "cudnn": [SDPBackend.CUDNN_ATTENTION],
+            "math": [SDPBackend.MATH]}
+
+
+def step_ms(dec, span: int, params) -> float:
+    """Median over 5 rounds of 20 replays of one step at ``span`` columns."""
+    position = dec.position.clone()  # each replay moves the rows on a position: keep them in the rotary table
+
+    def reset():
+        dec.column.fill_(span - 1)
+        dec.step.fill_(1)
+        dec.position.copy_(position)
+
+    reset()
+    dec._replay(512, span, params, dec.generator)  # captures
+    times = []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(20):
+            reset()
+            dec._replay(512, span, params, dec.generator)
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 20)
+    return sorted(times)[2]
+
+
+def main() -> None:
+    from torch.profiler import ProfilerActivity, profile
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlx.rollout import NativeEngine, SamplingParams
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = w1_files(Path(tmp))[1]
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16, attn_implementation="sdpa").cuda()
+    prompts = [[(7 * i + j) % 1000 + 10 for j in range(128)] for i in range(64)]
+    params = SamplingParams(n=8, max_new_tokens=512, seed=0)
+    engine = NativeEngine(model, tokenizer, max_batch_size=512)
+    engine.generate(prompts, params)
+    dec = engine.static
+    engine_backends = dec.backends
+    results = {}
+    for name, backends in BACKENDS.items():
+        dec.backends = backends
+        dec._graphs.clear()
+        dec._pool = None
+        for span in (128, 640):
+            results[f"{name}_span{span}_ms"] = step_ms(dec, span, params)
+            print(name, span, f"{results[f'{name}_span{span}_ms']:.3f} ms per step", flush=True)
+    dec.backends = engine_backends
+    dec.column.fill_(639)
+    dec.step.fill_(1)
+    dec.position.fill_(200)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        dec._forward(512, 640, params, dec.generator)
+        torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=20, max_name_column_width=70))
+    print(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    with torch.inference_mode():
+        main()

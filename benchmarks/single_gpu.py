@@ -1,0 +1,194 @@
+"""Single-GPU speed on W1 (the Qwen2.5-0.5B shape with random bf16 weights, 64 prompts x 8
+samples, 128-token prompts, 512 new tokens), every figure a ratio against a baseline run in
+the same call:
+
+- rollout: rlx's native engine against ``model.generate`` (same model, prompts and sampling
+  settings), in generated tokens/s, and the engine's log-probs against a forward pass;
+- log-prob pass: the policy worker's no-grad log-probs over the rollout's batch, tokens/s;
+- GRPO step: ``rlx train --algo grpo`` against TRL's ``GRPOTrainer`` (bf16 weights, no
+  gradient checkpointing), each in its own process, with the GPU memory nvidia-smi reports
+  sampled every 0.5 s.
+
+    python benchmarks/single_gpu.py [--parts rollout,logprobs,grpo,trl] [--steps 4] [--out DIR]
+
+Prints a table and writes ``single_gpu.json`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from local_overhead import w1_files  # noqa: E402
+
+PROMPTS, SAMPLES, PROMPT_LEN, NEW_TOKENS = 64, 8, 128, 512
+
+
+class GpuMemory:
+    """nvidia-smi's used memory, sampled every 0.5 s while the block runs (GiB)."""
+
+    def __enter__(self):
+        self.samples: list[float] = []
+        self.proc = subprocess.Popen(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits",
+                                      "-lms", "500"], stdout=subprocess.PIPE, text=True)
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+        return self
+
+    def _read(self):
+        for line in self.proc.stdout:
+            if line.strip().isdigit():
+                self.samples.append(int(line) / 1024)
+
+    def __exit__(self, *exc):
+        self.proc.terminate()
+        self.thread.join(timeout=5)
+
+    def summary(self) -> dict:
+        s = self.samples or [0.0]
+        return {"peak_gib": max(s), "median_gib": statistics.median(s)}
+
+
+def timed(fn):
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    result = fn()
+    torch.cuda.synchronize()
+    return result, time.perf_counter() - start
+
+
+def prompt_ids(tokenizer, data: Path) -> list[list[int]]:
+    rows = [json.loads(line) for line in data.read_text().splitlines()[:PROMPTS]]
+    return [tokenizer(r["prompt"])["input_ids"][:PROMPT_LEN] for r in rows]
+
+
+def rollout_part(model_dir: str, data: Path, results: dict) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlx.online import batch_of_completions
+    from rlx.rollout import NativeEngine, SamplingParams
+    from rlx.workers.forward import batched, response_logprobs
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16, attn_implementation="sdpa").cuda()
+    model.eval()
+    prompts = prompt_ids(tokenizer, data)
+    ids = torch.tensor(prompts, device="cuda")
+
+    def hf_generate(new_tokens: int):
+        with torch.inference_mode():
+            return model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0,
+                                  top_p=1.0, top_k=0, num_return_sequences=SAMPLES, max_new_tokens=new_tokens,
+                                  min_new_tokens=new_tokens, pad_token_id=tokenizer.pad_token_id)
+
+    hf_generate(8)  # warm-up
+    hf_times = [timed(lambda: hf_generate(NEW_TOKENS))[1] for _ in range(2)]
+    hf_rate = PROMPTS * SAMPLES * NEW_TOKENS / statistics.median(hf_times)
+
+    engine = NativeEngine(model, tokenizer, max_batch_size=PROMPTS * SAMPLES)
+    params = SamplingParams(n=SAMPLES, max_new_tokens=NEW_TOKENS, seed=0)
+    _, first = timed(lambda: engine.generate(prompts, params))  # captures the decode graphs
+    runs = [timed(lambda: engine.generate(prompts, params)) for _ in range(3)]
+    completions = runs[-1][0]
+    generated = sum(len(c.token_ids) for c in completions)
+    rlx_rate = generated / statistics.median(t for _, t in runs)
+    same_seed = all(a.token_ids == b.token_ids for a, b in zip(runs[0][0], runs[1][0]))
+
+    eager = NativeEngine(model, tokenizer, max_batch_size=PROMPTS * SAMPLES, cuda_graphs=False)
+    eager_out, eager_time = timed(lambda: eager.generate(prompts, params))
+    eager_rate = sum(len(c.token_ids) for c in eager_out) / eager_time
+
+    # the engine's log-probs against the trainer's forward over the same tokens
+    batch = batch_of_completions([p for p in prompts for _ in range(SAMPLES)], completions, tokenizer.pad_token_id,
+                                 [0.0] * len(completions), [i // SAMPLES for i in range(len(completions))], "cuda")
+    with torch.inference_mode():
+        logp, logp_time = timed(lambda: batched(lambda part: response_logprobs(model, part, 1.0)[0], batch, 16))
+    mask = batch.action_mask
+    diff = ((logp - batch.rollout_logp).abs() * mask)
+    results["rollout"] = {
+        "hf_generate_tokens_per_s": hf_rate, "hf_times_s": hf_times,
+        "rlx_tokens_per_s": rlx_rate, "rlx_times_s": [t for _, t in runs], "rlx_first_call_s": first,
+        "rlx_eager_static_cache_tokens_per_s": eager_rate,
+        "ratio_rlx_over_hf": rlx_rate / hf_rate, "generated_tokens": generated,
+        "same_samples_for_same_seed": same_seed,
+        "logp_diff_mean": (diff.sum() / mask.sum()).item(), "logp_diff_max": diff.max().item(),
+    }
+    tokens = batch.attention_mask.sum().item()
+    results["logprobs"] = {"tokens": tokens, "time_s": logp_time, "tokens_per_s": tokens / logp_time}
+    del model, engine, eager
+    torch.cuda.empty_cache()
+
+
+def rlx_grpo(args: list[str], out: Path, steps: int) -> dict:
+    cmd = [sys.executable, "-m", "rlx_cli", "train", "--algo", "grpo", *args, "--set", "rollout.max_batch_size=512",
+           "--max-steps", str(steps), "--output", str(out)]
+    with GpuMemory() as memory:
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode:
+        raise SystemExit(f"rlx train failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "time/rollout" in r]
+    step = [r["time/rollout"] + r["time/train"] + r["time/sync"] for r in rows]
+    return {"step_s": step, "rollout_s": [r["time/rollout"] for r in rows], "train_s": [r["time/train"] for r in rows],
+            "logprobs_s": [r.get("time/logprobs") for r in rows],
+            "median_step_s": statistics.median(step[1:]), **memory.summary()}
+
+
+def trl_grpo(model_dir: str, data: Path, steps: int) -> dict:
+    script = Path(__file__).resolve().parent / "trl_grpo.py"
+    with tempfile.TemporaryDirectory() as tmp, GpuMemory() as memory:
+        result = Path(tmp) / "trl.json"
+        proc = subprocess.run([sys.executable, str(script), "--model", model_dir, "--data", str(data), "--steps",
+                               str(steps), "--json", str(result)], capture_output=True, text=True)
+        if proc.returncode:
+            raise SystemExit(f"TRL failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+        found = json.loads(result.read_text())
+    return {**found, "median_step_s": statistics.median(found["step_s"][1:]), **memory.summary()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--parts", default="rollout,grpo,trl")
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
+    args = parser.parse_args()
+    parts = args.parts.split(",")
+    results: dict = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__}
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        os.environ["RLX_CACHE"] = str(tmp / "cache")
+        workload = w1_files(tmp)
+        model_dir, data = workload[1], Path(workload[3])
+        if "rollout" in parts:
+            rollout_part(model_dir, data, results)
+        if "grpo" in parts:
+            results["rlx_grpo"] = rlx_grpo(workload, tmp / "rlx-run", args.steps)
+        if "trl" in parts:
+            results["trl_grpo"] = trl_grpo(model_dir, data, args.steps)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "single_gpu.json").write_text(json.dumps(results, indent=1))
+    print(json.dumps(results, indent=1))
+    if "rollout" in results:
+        r = results["rollout"]
+        print(f"rollout: rlx {r['rlx_tokens_per_s']:,.0f} tok/s vs model.generate {r['hf_generate_tokens_per_s']:,.0f} "
+              f"({r['ratio_rlx_over_hf']:.2f}x); log-prob pass {results['logprobs']['tokens_per_s']:,.0f} tok/s")
+    if "rlx_grpo" in results and "trl_grpo" in results:
+        a, b = results["rlx_grpo"], results["trl_grpo"]
+        print(f"GRPO step: rlx {a['median_step_s']:.2f} s, TRL {b['median_step_s']:.2f} s "
+              f"({b['median_step_s'] / a['median_step_s']:.2f}x); peak GPU memory rlx {a['peak_gib']:.1f} GiB, "
+              f"TRL {b['peak_gib']:.1f} GiB")
+
+
+if __name__ == "__main__":
+    main()

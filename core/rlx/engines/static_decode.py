@@ -1,0 +1,311 @@
+"""The native engine's fast decode loop: a preallocated (static) KV cache, a lean decode
+step over the model's own layers, and on CUDA every step replayed from a captured CUDA
+graph.
+
+A decode step of a small model in plain transformers is bound by the CPU: about a
+thousand kernel launches, a new attention mask and a growing cache per token. Here the
+cache never moves, the mask is one comparison, and on CUDA a whole step (forward,
+sampling, bookkeeping) is one graph replay, so the GPU never waits for Python.
+
+Rows that finish keep their slot until the batch is compacted: on CUDA when half the
+rows are done (graphs are captured per batch-size and cache-length bucket), on the CPU
+at every step. The host reads the sampled tokens every few steps, not after each one.
+
+It drives decoder-only models of the Llama family (``supports``); anything else takes
+the engine's plain transformers loop.
+"""
+
+from __future__ import annotations
+
+import sys
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+ARCHITECTURES = {"llama", "qwen2", "qwen3", "mistral"}
+
+
+def supports(model: Any) -> bool:
+    """Whether ``model`` (a transformers causal LM, maybe under LoRA) can decode here: a
+    Llama-family decoder with full attention in every layer, its weights materialised."""
+    config = getattr(model, "config", None)
+    if getattr(config, "model_type", None) not in ARCHITECTURES:
+        return False
+    if any(t != "full_attention" for t in getattr(config, "layer_types", None) or []):
+        return False
+    if config.model_type == "mistral" and getattr(config, "sliding_window", None):
+        return False
+    # DeepSpeed ZeRO-3 keeps only a shard of each parameter outside its own forward hooks
+    return not any(hasattr(p, "ds_id") for p in model.parameters())
+
+
+class StaticDecoder:
+    """Decodes a batch whose prompts were prefilled by a transformers forward: ``run``
+    takes that forward's cache and last logits and returns each row's sampled tokens and
+    their log-probs, cut after EOS or a stop string by ``finished``."""
+
+    def __init__(self, model: Any, device: torch.device, *, graphs: bool, check_every: int = 8):
+        self.model = model
+        self.decoder = model.get_decoder()
+        self.head = model.get_output_embeddings()
+        self.layers = list(self.decoder.layers)
+        attn = self.layers[0].self_attn
+        self.head_dim = attn.head_dim
+        self.kv_heads = model.config.num_key_value_heads
+        self.groups = model.config.num_attention_heads // self.kv_heads
+        self.scale = attn.scaling
+        self.rope = sys.modules[type(attn).__module__].apply_rotary_pos_emb
+        self.hidden = model.config.hidden_size
+        self.q_width, self.kv_width = model.config.num_attention_heads * self.head_dim, self.kv_heads * self.head_dim
+        # One matmul for the query, key and value projections when they are plain linear
+        # layers (under LoRA they are not): their weights are copied into one buffer at
+        # the start of every batch, so it always holds the trained weights.
+        self.fused_qkv = all(type(getattr(layer.self_attn, n)) is torch.nn.Linear
+                             for layer in self.layers for n in ("q_proj", "k_proj", "v_proj"))
+        # cuDNN's attention (SDPA's first choice on Hopper) is slow for a handful of query rows
+        self.backends = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH] if device.type == "cuda" else None
+        self.device = device
+        self.graphs = graphs and device.type == "cuda"
+        self.check_every = check_every if self.graphs else 1
+        self.rows = self.length = self.max_new = 0
+        self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
+        self._pool = None
+        # one generator for every graph (a graph replays the generator it was captured with)
+        self.generator = torch.Generator(device)
+
+    # -- buffers ------------------------------------------------------------------------
+
+    def _allocate(self, rows: int, length: int, max_new: int, dtype: torch.dtype) -> None:
+        """The cache and step state, kept between calls while they are large enough (a
+        captured graph holds their addresses)."""
+        if rows <= self.rows and length <= self.length and max_new <= self.max_new:
+            return
+        self.rows, self.length, self.max_new = max(rows, self.rows), max(length, self.length), max(max_new, self.max_new)
+        self._graphs.clear()
+        self._pool = None  # a pool outlives the graphs captured into it only with their memory
+        shape = (self.rows, self.kv_heads, self.length, self.head_dim)
+        on = dict(device=self.device)
+        self.keys = [torch.zeros(shape, dtype=dtype, **on) for _ in self.layers]
+        self.values = [torch.zeros(shape, dtype=dtype, **on) for _ in self.layers]
+        self.valid = torch.zeros(self.rows, self.length, dtype=torch.bool, **on)  # prompt padding is False
+        self.columns = torch.arange(self.length, **on)
+        self.token = torch.zeros(self.rows, dtype=torch.long, **on)
+        self.position = torch.zeros(self.rows, dtype=torch.long, **on)
+        self.column = torch.zeros(1, dtype=torch.long, **on)  # the cache column this step writes
+        self.step = torch.zeros(1, dtype=torch.long, **on)
+        self.out_tokens = torch.zeros(self.rows, self.max_new, dtype=torch.long, **on)
+        self.out_logprobs = torch.zeros(self.rows, self.max_new, dtype=torch.float32, **on)
+        self.qkv = []
+        if self.fused_qkv:
+            for layer in self.layers:
+                a = layer.self_attn
+                weight = torch.empty(self.q_width + 2 * self.kv_width, self.hidden, dtype=dtype, **on)
+                bias = torch.zeros(len(weight), dtype=dtype, **on) if a.q_proj.bias is not None else None
+                self.qkv.append((weight, bias))
+
+    def _refresh(self, positions: int) -> None:
+        """Per batch: the fused projection weights from the model's current ones, and the
+        rotary table of every position the batch can reach."""
+        for (weight, bias), layer in zip(self.qkv, self.layers):
+            a = layer.self_attn
+            torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight], out=weight)
+            if bias is not None:
+                torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias], out=bias)
+        if getattr(self, "cos", None) is None or len(self.cos) < positions:
+            probe = torch.zeros(1, dtype=self.head.weight.dtype, device=self.device)
+            cos, sin = self.decoder.rotary_emb(probe, torch.arange(positions, device=self.device)[None])
+            self.cos, self.sin = cos[0], sin[0]
+            self._graphs.clear()  # graphs hold the old tables' addresses
+            self._pool = None
+
+    # -- one decode step ----------------------------------------------------------------
+
+    def _forward(self, b: int, span: int, params, generator) -> None:
+        """Embed the last token of rows ``[:b]``, attend over cache columns ``[:span]``,
+        sample the next token and record it: every write in place, so a graph can replay it."""
+        x = self.decoder.embed_tokens(self.token[:b, None])
+        position = self.position[:b, None]
+        cos, sin = self.cos[position], self.sin[position]
+        mask = (self.valid[:b, :span] & (self.columns[:span] <= self.column))[:, None, None, :]
+        for i, layer in enumerate(self.layers):
+            x = x + self._attention(i, layer.self_attn, rms_norm(layer.input_layernorm, x), cos, sin, mask, b, span)
+            x = x + layer.mlp(rms_norm(layer.post_attention_layernorm, x))
+        logits = self.head(rms_norm(self.decoder.norm, x)[:, 0])
+        token, logprob = sample(logits, params, generator)
+        self.out_tokens[:b].index_copy_(1, self.step, token[:, None])
+        self.out_logprobs[:b].index_copy_(1, self.step, logprob[:, None])
+        self.token[:b].copy_(token)
+        self.position[:b].add_(1)
+        self.column.add_(1)
+        self.step.add_(1)
+
+    def _attention(self, i, attn, h, cos, sin, mask, b: int, span: int) -> torch.Tensor:
+        shape = (b, 1, -1, self.head_dim)
+        if self.qkv:
+            q, k, v = F.linear(h, *self.qkv[i]).split([self.q_width, self.kv_width, self.kv_width], -1)
+        else:
+            q, k, v = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
+        q, k, v = q.view(shape), k.view(shape), v.view(shape).transpose(1, 2)
+        if hasattr(attn, "q_norm"):  # Qwen3 normalises each head's query and key
+            q, k = rms_norm(attn.q_norm, q), rms_norm(attn.k_norm, k)
+        q, k = self.rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+        self.keys[i][:b].index_copy_(2, self.column, k)
+        self.values[i][:b].index_copy_(2, self.column, v)
+        # The query heads that share a KV head stand in for the query length: one pass
+        # reads each cached key and value once, with no copies for grouped-query attention.
+        q = q.reshape(b, self.kv_heads, self.groups, self.head_dim)
+        with sdpa_kernel(self.backends) if self.backends else nullcontext():
+            out = F.scaled_dot_product_attention(q, self.keys[i][:b, :, :span], self.values[i][:b, :, :span],
+                                                 attn_mask=mask, scale=self.scale)
+        return attn.o_proj(out.reshape(b, 1, -1))
+
+    def _replay(self, b: int, span: int, params, generator) -> None:
+        """One step for rows ``[:b]``: eager on the CPU, a graph replay on CUDA."""
+        if not self.graphs:
+            return self._forward(b, span, params, generator)
+        key = (b, span, params.temperature, params.top_k, params.top_p, params.greedy or params.temperature == 0)
+        graph = self._graphs.get(key)
+        if graph is None:
+            graph = self._graphs[key] = self._capture(b, span, params, generator)
+        graph.replay()
+
+    def _capture(self, b: int, span: int, params, generator) -> torch.cuda.CUDAGraph:
+        state = [t.clone() for t in (self.token, self.position, self.column, self.step)]
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # warm-up (kernel choice, workspaces) off the graph
+            self._forward(b, span, params, torch.Generator(self.device).manual_seed(0))
+        torch.cuda.current_stream().wait_stream(stream)
+        for t, saved in zip((self.token, self.position, self.column, self.step), state):
+            t.copy_(saved)
+        graph = torch.cuda.CUDAGraph()
+        graph.register_generator_state(generator)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(graph, pool=self._pool):
+            self._forward(b, span, params, generator)
+        return graph
+
+    # -- a batch ------------------------------------------------------------------------
+
+    def run(self, cache, logits: torch.Tensor, attention: torch.Tensor, positions: torch.Tensor, n: int,
+            params, seed: int, finished) -> tuple[list[list[int]], list[list[float]]]:
+        """Decode ``n`` samples of each prefilled prompt. ``cache`` holds the prompts' keys
+        and values (left-padded to ``attention``'s width), ``logits`` their last ones and
+        ``positions`` the position of each prompt's next token. ``finished(tokens)`` says
+        whether a row's completion is over. Returns each row's tokens and log-probs."""
+        generator = self.generator.manual_seed(seed)
+        prompts, width = attention.shape
+        rows, max_new = prompts * n, params.max_new_tokens
+        self._allocate(rows, width + max_new, max_new, self.head.weight.dtype)
+        self._refresh(int(positions.max()) + max_new)
+        for i, layer in enumerate(cache.layers):
+            self.keys[i][:rows, :, :width] = layer.keys.repeat_interleave(n, 0)
+            self.values[i][:rows, :, :width] = layer.values.repeat_interleave(n, 0)
+        self.valid[:rows, :width] = attention.repeat_interleave(n, 0).bool()
+        self.valid[:rows, width:] = True  # decoded columns: masked by the step's column until written
+        self.position[:rows] = positions.repeat_interleave(n, 0)
+        self.column.fill_(width)
+        self.step.fill_(1)
+
+        # the first token comes from the prefill's logits
+        token, logprob = sample(logits.repeat_interleave(n, 0), params, generator)
+        self.token[:rows] = token
+        self.out_tokens[:rows, 0] = token
+        self.out_logprobs[:rows, 0] = logprob
+
+        tokens: list[list[int]] = [[] for _ in range(rows)]
+        logprobs: list[list[float]] = [[] for _ in range(rows)]
+        slots = list(range(rows))  # slot s of the batch decodes row slots[s]
+        done = [False] * rows
+        written, read, b = 1, 0, rows  # output columns filled and read back; rows decoded
+        while True:
+            if written % self.check_every == 0 or written == max_new:
+                # read back the columns since the last check and see which rows ended
+                new_tokens = self.out_tokens[:len(slots), read:written].tolist()
+                new_logprobs = self.out_logprobs[:len(slots), read:written].tolist()
+                read = written
+                for s, row in enumerate(slots):
+                    for tok, lp in zip(new_tokens[s], new_logprobs[s]):
+                        if done[row]:
+                            break
+                        tokens[row].append(tok)
+                        logprobs[row].append(lp)
+                        done[row] = finished(tokens[row])
+                alive = [s for s, row in enumerate(slots) if not done[row]]
+                if not alive or written == max_new:
+                    break
+                if len(alive) < len(slots) and (not self.graphs or len(alive) <= b // 2):
+                    self._compact(alive, b)
+                    slots = [slots[s] for s in alive]
+                    b = self._bucket(len(slots), b)
+            self._replay(b, self._span(width + written), params, generator)
+            written += 1
+        return tokens, logprobs
+
+    def _span(self, columns: int) -> int:
+        """Cache columns a step attends over: exact on the CPU, in steps of 128 under
+        graphs (one graph per bucket)."""
+        if not self.graphs:
+            return columns
+        return min(self.length, -(-columns // 128) * 128)
+
+    def _bucket(self, alive: int, b: int) -> int:
+        """The batch size that decodes ``alive`` rows: exact on the CPU, the smallest power
+        of two that holds them under graphs."""
+        if not self.graphs:
+            return alive
+        return min(b, 1 << (alive - 1).bit_length())
+
+    def _compact(self, alive: list[int], b: int) -> None:
+        """Move the slots still decoding to the front, in order."""
+        index = torch.tensor(alive, device=self.device)
+        n = len(alive)
+        for buffers in (self.keys, self.values):
+            for t in buffers:
+                t[:n] = t[:b].index_select(0, index)
+        for t in (self.valid, self.token, self.position, self.out_tokens, self.out_logprobs):
+            t[:n] = t[:b].index_select(0, index)
+
+
+def rms_norm(norm, x: torch.Tensor) -> torch.Tensor:
+    """A Llama-family RMSNorm module's output (normalised in float32, scaled in the input's
+    dtype) from torch's fused kernel."""
+    normed = F.rms_norm(x.float(), (x.shape[-1],), eps=norm.variance_epsilon)
+    return norm.weight * normed.to(x.dtype)
+
+
+def sample(logits: torch.Tensor, params, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Next token of each row and its log-prob under softmax(logits / T), before top-k/top-p.
+
+    Draws by the exponential race (arg-max of p_i / E_i with E_i ~ Exp(1), which picks i
+    with probability p_i): no host sync, so it can sit inside a CUDA graph.
+    """
+    scaled = logits.float() / (params.temperature if params.temperature > 0 else 1.0)
+    if params.greedy or params.temperature == 0:
+        token = scaled.argmax(-1)
+    elif params.top_k > 0 or params.top_p < 1.0:
+        weights = truncate(scaled.log_softmax(-1), params.top_k, params.top_p).exp()
+        token = (weights / torch.empty_like(weights).exponential_(generator=generator)).argmax(-1)
+    else:  # the same race in log space, with no normalised copy of the logits
+        token = (scaled - torch.empty_like(scaled).exponential_(generator=generator).log_()).argmax(-1)
+    logprob = scaled.gather(-1, token[:, None]).squeeze(-1) - scaled.logsumexp(-1)
+    return token, logprob
+
+
+def truncate(logprobs: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Top-k, then top-p (nucleus) on the renormalised top-k distribution; dropped tokens get −inf."""
+    if 0 < top_k < logprobs.shape[-1]:
+        kth = logprobs.topk(top_k, dim=-1).values[:, -1:]
+        logprobs = logprobs.masked_fill(logprobs < kth, float("-inf")).log_softmax(-1)
+    if top_p < 1.0:
+        sorted_logprobs, order = logprobs.sort(-1, descending=True)
+        probs = sorted_logprobs.exp()
+        # Drop a token once the tokens ranked above it hold more than top_p of the mass.
+        drop_sorted = probs.cumsum(-1) - probs > top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logprobs = logprobs.masked_fill(drop, float("-inf"))
+    return logprobs

@@ -1,0 +1,137 @@
+"""The native engine's static-cache decode loop (``rlx.engines.static_decode``) against the
+plain transformers loop it replaces for Llama-family models. On the CPU it runs the same
+step eagerly that a CUDA graph replays on a GPU (benchmarks/single_gpu.py runs that)."""
+
+import copy
+
+import pytest
+import torch
+import transformers
+from test_rollout import EOS, make_model, tokenizer  # noqa: F401  (a fixture)
+
+from rlx.engines.static_decode import sample, supports
+from rlx.rollout import NativeEngine, SamplingParams
+
+PROMPTS = ["ab", "hello there", "1+2=3 is"]
+
+
+def engines(model, tokenizer):
+    fast = NativeEngine(model, tokenizer)
+    plain = NativeEngine(model, tokenizer)
+    plain.static = None
+    assert fast.static is not None
+    return fast, plain
+
+
+@pytest.fixture
+def prompts(tokenizer):  # noqa: F811
+    return [tokenizer(p, add_special_tokens=False).input_ids for p in PROMPTS]
+
+
+def eos_model(tokenizer, prompts):  # noqa: F811
+    """A model whose greedy and sampled completions end at different lengths: a common
+    token is made an EOS, so rows leave the batch at different steps."""
+    model = make_model()
+    plain = NativeEngine(model, tokenizer)
+    plain.static = None
+    out = plain.generate(prompts, SamplingParams(n=4, max_new_tokens=16, seed=0))
+    counts = torch.bincount(torch.tensor([t for c in out for t in c.token_ids]))
+    model.generation_config.eos_token_id = [EOS, int(counts.argmax())]
+    return model
+
+
+def test_supports_llama_family_and_refuses_the_rest():
+    assert supports(make_model())
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64))
+    assert not supports(gpt2)
+    sharded = make_model()
+    next(sharded.parameters()).ds_id = 0  # what DeepSpeed ZeRO-3 marks its partitioned parameters with
+    assert not supports(sharded)
+
+
+def test_greedy_equals_the_plain_loop_and_a_forward(tokenizer, prompts):  # noqa: F811
+    model = make_model()
+    fast, plain = engines(model, tokenizer)
+    params = SamplingParams(greedy=True, max_new_tokens=12, n=2)
+    got, want = fast.generate(prompts, params), plain.generate(prompts, params)
+    assert [c.token_ids for c in got] == [c.token_ids for c in want]
+    for c in got:
+        ids = torch.tensor([prompts[c.prompt_index] + c.token_ids])
+        with torch.no_grad():
+            logp = model(ids).logits[0].log_softmax(-1)
+        start = len(prompts[c.prompt_index]) - 1
+        expected = [logp[start + i, t].item() for i, t in enumerate(c.token_ids)]
+        assert c.logprobs == pytest.approx(expected, abs=1e-5)
+
+
+@pytest.mark.parametrize("settings", [{}, {"temperature": 0.7, "top_k": 10, "top_p": 0.9}])
+def test_sampling_with_rows_ending_early_equals_the_plain_loop(tokenizer, prompts, settings):  # noqa: F811
+    fast, plain = engines(eos_model(tokenizer, prompts), tokenizer)
+    params = SamplingParams(n=4, max_new_tokens=16, seed=3, **settings)
+    got, want = fast.generate(prompts, params), plain.generate(prompts, params)
+    assert {c.finish_reason for c in got} == {"stop", "length"}  # rows left the batch early
+    assert [c.token_ids for c in got] == [c.token_ids for c in want]
+    for a, b in zip(got, want):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+        assert (a.text, a.finish_reason) == (b.text, b.finish_reason)
+
+
+def test_stop_strings_end_rows_as_in_the_plain_loop(tokenizer, prompts):  # noqa: F811
+    fast, plain = engines(make_model(), tokenizer)
+    full = plain.generate(prompts, SamplingParams(greedy=True, max_new_tokens=12))
+    stop = full[1].text[3:5]
+    params = SamplingParams(greedy=True, max_new_tokens=12, stop=(stop,))
+    got, want = fast.generate(prompts, params), plain.generate(prompts, params)
+    assert [(c.token_ids, c.text, c.finish_reason) for c in got] == [(c.token_ids, c.text, c.finish_reason) for c in want]
+    assert got[1].finish_reason == "stop" and got[1].text.endswith(stop)
+
+
+def test_weights_changed_in_place_are_seen_by_the_next_batch(tokenizer, prompts):  # noqa: F811
+    model = make_model()
+    fast, plain = engines(model, tokenizer)
+    params = SamplingParams(greedy=True, max_new_tokens=10)
+    before = fast.generate(prompts, params)
+    with torch.no_grad():  # an optimizer step changes the shared module's tensors in place
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.5)
+    after = fast.generate(prompts, params)
+    assert [c.token_ids for c in after] == [c.token_ids for c in plain.generate(prompts, params)]
+    assert [c.token_ids for c in after] != [c.token_ids for c in before]
+
+
+def test_lora_layers_decode_through_their_modules(tokenizer, prompts):  # noqa: F811
+    peft = pytest.importorskip("peft")
+    model = peft.get_peft_model(make_model(), peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"],
+                                                              init_lora_weights=False))
+    fast, plain = engines(model, tokenizer)
+    assert not fast.static.fused_qkv
+    params = SamplingParams(greedy=True, max_new_tokens=10)
+    got, want = fast.generate(prompts, params), plain.generate(prompts, params)
+    assert [c.token_ids for c in got] == [c.token_ids for c in want]
+    for a, b in zip(got, want):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+
+
+def test_the_exponential_race_samples_the_softmax():
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, 0.5]]).repeat(40_000, 1)
+    generator = torch.Generator().manual_seed(0)
+    token, logprob = sample(logits, SamplingParams(temperature=1.3), generator)
+    probs = (logits[0] / 1.3).softmax(-1)
+    freq = torch.bincount(token, minlength=5).float() / len(token)
+    assert freq.tolist() == pytest.approx(probs.tolist(), abs=0.01)  # ~5 standard errors
+    assert logprob.tolist() == pytest.approx(probs.log()[token].tolist(), abs=1e-6)
+    truncated, _ = sample(logits, SamplingParams(top_k=2), generator)
+    assert set(truncated.tolist()) == {0, 1}
+
+
+def test_a_deep_copy_keeps_its_own_weights(tokenizer, prompts):  # noqa: F811
+    # an engine over a copy (the Ray rollout worker's) refreshes from the copy, not the original
+    model = make_model()
+    copied = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(-1)
+    fast, _ = engines(copied, tokenizer)
+    _, plain = engines(make_model(), tokenizer)
+    params = SamplingParams(greedy=True, max_new_tokens=8)
+    assert [c.token_ids for c in fast.generate(prompts, params)] == [c.token_ids for c in plain.generate(prompts, params)]
