@@ -92,8 +92,8 @@ def rollout_part(model_dir: str, data: Path, results: dict) -> None:
                                   top_p=1.0, top_k=0, num_return_sequences=SAMPLES, max_new_tokens=new_tokens,
                                   min_new_tokens=new_tokens, pad_token_id=tokenizer.pad_token_id)
 
-    hf_generate(8)  # warm-up
-    hf_times = [timed(lambda: hf_generate(NEW_TOKENS))[1] for _ in range(2)]
+    hf_generate(NEW_TOKENS)  # warm-up (its first long run was 4x slower than the next)
+    hf_times = [timed(lambda: hf_generate(NEW_TOKENS))[1] for _ in range(3)]
     hf_rate = PROMPTS * SAMPLES * NEW_TOKENS / statistics.median(hf_times)
 
     engine = NativeEngine(model, tokenizer, max_batch_size=PROMPTS * SAMPLES)
@@ -105,9 +105,6 @@ def rollout_part(model_dir: str, data: Path, results: dict) -> None:
     rlx_rate = generated / statistics.median(t for _, t in runs)
     same_seed = all(a.token_ids == b.token_ids for a, b in zip(runs[0][0], runs[1][0]))
 
-    eager = NativeEngine(model, tokenizer, max_batch_size=PROMPTS * SAMPLES, cuda_graphs=False)
-    eager_out, eager_time = timed(lambda: eager.generate(prompts, params))
-    eager_rate = sum(len(c.token_ids) for c in eager_out) / eager_time
 
     # the engine's log-probs against the trainer's forward over the same tokens
     batch = batch_of_completions([p for p in prompts for _ in range(SAMPLES)], completions, tokenizer.pad_token_id,
@@ -119,14 +116,13 @@ def rollout_part(model_dir: str, data: Path, results: dict) -> None:
     results["rollout"] = {
         "hf_generate_tokens_per_s": hf_rate, "hf_times_s": hf_times,
         "rlx_tokens_per_s": rlx_rate, "rlx_times_s": [t for _, t in runs], "rlx_first_call_s": first,
-        "rlx_eager_static_cache_tokens_per_s": eager_rate,
         "ratio_rlx_over_hf": rlx_rate / hf_rate, "generated_tokens": generated,
         "same_samples_for_same_seed": same_seed,
         "logp_diff_mean": (diff.sum() / mask.sum()).item(), "logp_diff_max": diff.max().item(),
     }
     tokens = batch.attention_mask.sum().item()
     results["logprobs"] = {"tokens": tokens, "time_s": logp_time, "tokens_per_s": tokens / logp_time}
-    del model, engine, eager
+    del model, engine
     torch.cuda.empty_cache()
 
 

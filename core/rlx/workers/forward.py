@@ -32,9 +32,11 @@ def minibatches(batch: Batch, *, epochs: int, size: int, seed: int) -> Iterator[
 _CHUNK_ELEMENTS = 1 << 27
 
 
-def response_logprobs(model, batch: Batch, temperature: float, *, with_entropy: bool = False):
+def response_logprobs(model, batch: Batch, temperature: float, *, with_entropy: bool = False,
+                      entropy_grad: bool = False):
     """log softmax(z / T) of each response token [B, R], and the entropy of the untempered
-    logits when asked; 0 on tokens outside ``action_mask``.
+    logits when asked (differentiable only with ``entropy_grad``); 0 on tokens outside
+    ``action_mask``.
 
     The model runs up to its last hidden states; the output head then runs over the action
     tokens only, a chunk at a time, and under autograd each chunk is recomputed in the
@@ -47,7 +49,7 @@ def response_logprobs(model, batch: Batch, temperature: float, *, with_entropy: 
     index = batch.action_mask.flatten().nonzero().squeeze(-1)
     head = models.hf_module(model).get_output_embeddings()
     logp, entropy = _head_logprobs(head, hidden.flatten(0, 1)[index], batch.responses.flatten()[index], temperature,
-                                   with_entropy)
+                                   with_entropy, entropy_grad)
     shape = batch.action_mask.shape
 
     def scatter(values):
@@ -56,15 +58,24 @@ def response_logprobs(model, batch: Batch, temperature: float, *, with_entropy: 
     return scatter(logp), scatter(entropy) if with_entropy else None
 
 
-def _head_logprobs(head, hidden: torch.Tensor, labels: torch.Tensor, temperature: float, with_entropy: bool):
+def _head_logprobs(head, hidden: torch.Tensor, labels: torch.Tensor, temperature: float, with_entropy: bool,
+                   entropy_grad: bool):
     from torch.utils.checkpoint import checkpoint
 
     vocab = head.out_features if hasattr(head, "out_features") else head.weight.shape[0]
     size = max(1, _CHUNK_ELEMENTS // vocab)
+    # A plain linear head (not LoRA-wrapped, not a ZeRO-3 shard) takes the hand-written
+    # backward, which recomputes only the logits; otherwise autograd replays the chunk.
+    direct = type(head) is torch.nn.Linear and head.bias is None and not hasattr(head.weight, "ds_id")
     parts = []
     for start in range(0, len(hidden), size):
-        args = (head, hidden[start:start + size], labels[start:start + size], temperature, with_entropy)
-        parts.append(checkpoint(_chunk, *args, use_reentrant=False) if torch.is_grad_enabled() else _chunk(*args))
+        h, y = hidden[start:start + size], labels[start:start + size]
+        if not torch.is_grad_enabled():
+            parts.append(_chunk(head, h, y, temperature, with_entropy))
+        elif direct and not entropy_grad:
+            parts.append(_HeadLogprob.apply(h, head.weight, y, temperature, with_entropy))
+        else:
+            parts.append(checkpoint(_chunk, head, h, y, temperature, with_entropy, use_reentrant=False))
     if not parts:  # no action tokens: empty results that still reach the graph
         empty = hidden[:, 0].float() * 0
         return empty, empty
@@ -75,6 +86,33 @@ def _chunk(head, hidden, labels, temperature, with_entropy):
     logits = head(hidden)
     logp = ops.token_logprobs(logits, labels, temperature)
     return logp, ops.entropy_from_logits(logits) if with_entropy else logp.new_zeros(0)
+
+
+class _HeadLogprob(torch.autograd.Function):
+    """log softmax(h·Wᵀ / T) at the labels (and the entropy of softmax(h·Wᵀ), as a value
+    only) for one chunk of tokens. Saves the chunk's hidden states and one normaliser per
+    token; the backward pass recomputes the logits once: ∂logp/∂z = (onehot − softmax(z/T)) / T."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, labels, temperature, with_entropy):
+        logits = hidden @ weight.t()
+        scaled = logits.float() / temperature  # ops.token_logprobs, keeping the normaliser for backward
+        lse = scaled.logsumexp(-1)
+        logp = scaled.gather(-1, labels[:, None]).squeeze(-1) - lse
+        entropy = ops.entropy_from_logits(logits) if with_entropy else logp.new_zeros(0)
+        ctx.save_for_backward(hidden, weight, labels, lse)
+        ctx.temperature = temperature
+        ctx.mark_non_differentiable(entropy)
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp, grad_entropy):
+        hidden, weight, labels, lse = ctx.saved_tensors
+        scaled = (hidden @ weight.t()).float() / ctx.temperature
+        grad = torch.exp(scaled - lse[:, None]).mul_(-grad_logp[:, None].float())
+        grad.scatter_add_(-1, labels[:, None], grad_logp[:, None].float())
+        grad = grad.div_(ctx.temperature).to(hidden.dtype)
+        return grad @ weight, grad.t() @ hidden, None, None, None
 
 
 def response_values(critic, batch: Batch) -> torch.Tensor:

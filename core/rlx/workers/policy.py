@@ -10,7 +10,6 @@ from rlx import models, ops
 from rlx.algorithm import call_with_accepted
 from rlx.batch import Batch
 from rlx.checkpoint import load_checkpoint, save_checkpoint
-from rlx.metrics import add_shares
 from rlx.engine import make_engine, save_hf
 from rlx.workers.forward import batched, chunks, response_logprobs
 
@@ -54,37 +53,42 @@ class PolicyWorker:
         the step's metrics (the driver sums them over ranks) and the update's own metrics."""
         self.engine.model.train()
         agg = dict(token_count=token_count, seq_count=seq_count, max_len=self.r.max_new_tokens)
-        metrics: dict[str, float] = {}
+        # metrics stay on the device until the step ends: a host read after every micro-batch
+        # would stall the GPU while Python queues the next forward
+        totals: dict[str, torch.Tensor] = {}
         for index in chunks(len(batch), self.t.micro_batch_size):
-            add_shares(metrics, self._micro_step(batch.select(index), beta, token_count, agg))
-        return metrics, self.engine.step()
+            for k, v in self._micro_step(batch.select(index), beta, token_count, agg).items():
+                v = v.detach().float()
+                totals[k] = v if k not in totals else (torch.maximum if k.endswith("_max") else torch.add)(totals[k], v)
+        return {k: v.item() for k, v in totals.items()}, self.engine.step()
 
-    def _micro_step(self, micro: Batch, beta: float, tokens: float, agg: dict) -> dict[str, float]:
+    def _micro_step(self, micro: Batch, beta: float, tokens: float, agg: dict) -> dict[str, torch.Tensor]:
         a, engine, mask = self.a, self.engine, micro.action_mask
-        logp, entropy = response_logprobs(engine.model, micro, self.r.temperature, with_entropy=True)
-        share = mask.sum().item() / tokens
+        logp, entropy = response_logprobs(engine.model, micro, self.r.temperature, with_entropy=True,
+                                          entropy_grad=bool(a.entropy_coef))
+        share = mask.sum() / tokens
         measured = {}
         old_logp = micro.old_logp
         if old_logp is None:  # the driver skipped the old pass: this forward's log-probs are the old ones
             old_logp = logp.detach()
             if micro.rollout_logp is not None:
-                measured = ops.logp_mismatch(micro.rollout_logp, old_logp, mask)
-                measured["rollout/logp_diff"] *= share
+                diff = (micro.rollout_logp - old_logp).abs() * mask
+                measured = {"rollout/logp_diff": ops.masked_mean(diff, mask) * share, "rollout/logp_diff_max": diff.max()}
         per_token, extra = call_with_accepted(self.policy_loss, logp, old_logp, micro.advantages, mask,
                                               config=a, rollout_logp=micro.rollout_logp)
         if self.correction is not None:
             per_token, corrected = self.correction(per_token, old_logp, micro.rollout_logp, mask, config=a)
             extra = {**extra, **corrected}
         loss = ops.aggregate(per_token, mask, a.loss_agg, **agg)
-        policy = loss.item()
+        policy = loss.detach()
         if a.kl_loss and micro.ref_logp is not None:
             loss = loss + beta * ops.aggregate(self.kl(logp, micro.ref_logp), mask, a.loss_agg, **agg)
         entropy_term = ops.aggregate(entropy, mask, a.loss_agg, **agg)
         if a.entropy_coef:
             loss = loss - a.entropy_coef * entropy_term
         engine.backward(loss * engine.world_size)
-        return {"loss/policy": policy, "entropy": entropy_term.item(), **measured,
-                **{k: v.item() * share for k, v in extra.items()}}
+        return {"loss/policy": policy, "entropy": entropy_term, **measured,
+                **{k: torch.as_tensor(v, device=share.device) * share for k, v in extra.items()}}
 
     def rollout_weights(self) -> dict[str, torch.Tensor] | None:
         """What a rollout engine holding its own copy loads after an update (rank 0; None on

@@ -1,0 +1,59 @@
+"""The workers' log-prob path: the output head over action tokens in chunks, with a
+hand-written backward for a plain head, against log_softmax over the full logits."""
+
+import pytest
+import torch
+import transformers
+
+from rlx.batch import Batch
+from rlx.workers import forward
+
+
+def model_and_batch(tie: bool):
+    torch.manual_seed(0)
+    config = transformers.Qwen2Config(vocab_size=97, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                      num_key_value_heads=1, intermediate_size=64, tie_word_embeddings=tie)
+    model = transformers.Qwen2ForCausalLM(config)
+    ids = torch.randint(0, 97, (3, 9))
+    action = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 1, 1, 1, 0]], dtype=torch.float32)
+    attention = torch.cat([torch.ones(3, 4, dtype=torch.long), action.long()], 1)
+    batch = Batch(input_ids=ids, attention_mask=attention, position_ids=(attention.cumsum(-1) - 1).clamp(min=0),
+                  action_mask=action, prompt_len=4, rewards=torch.zeros(3), group_ids=torch.arange(3))
+    return model, batch
+
+
+def reference(model, batch, temperature):
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                   position_ids=batch.position_ids).logits[:, 3:-1].float()
+    logp = (logits / temperature).log_softmax(-1).gather(-1, batch.responses[..., None]).squeeze(-1)
+    entropy = -(logits.softmax(-1) * logits.log_softmax(-1)).sum(-1)
+    return logp * batch.action_mask, entropy * batch.action_mask
+
+
+@pytest.mark.parametrize("tie", [True, False])
+@pytest.mark.parametrize("entropy_grad", [False, True])  # the hand-written backward, and autograd's replay
+def test_chunked_head_matches_full_logits_and_their_gradients(tie, entropy_grad, monkeypatch):
+    monkeypatch.setattr(forward, "_CHUNK_ELEMENTS", 97 * 4)  # chunks of 4 tokens
+    model, batch = model_and_batch(tie)
+    weights = torch.randn(3, 5)
+    logp, entropy = forward.response_logprobs(model, batch, 0.7, with_entropy=True, entropy_grad=entropy_grad)
+    (logp * weights).sum().backward()
+    got = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    want_logp, want_entropy = reference(model, batch, 0.7)
+    (want_logp * weights).sum().backward()
+    assert torch.allclose(logp, want_logp, atol=1e-5)
+    assert torch.allclose(entropy, want_entropy.detach(), atol=1e-5)
+    for name, p in model.named_parameters():
+        assert torch.allclose(got[name], p.grad, atol=1e-5), name
+
+
+def test_no_grad_pass_and_padding_only_rows():
+    model, batch = model_and_batch(True)
+    batch.action_mask[1] = 0
+    with torch.no_grad():
+        logp, entropy = forward.response_logprobs(model, batch, 1.0)
+        want, _ = reference(model, batch, 1.0)
+    assert entropy is None
+    assert torch.allclose(logp, want, atol=1e-5)
+    assert logp[1].abs().sum() == 0
