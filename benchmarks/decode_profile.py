@@ -1,6 +1,6 @@
 """Where a W1 decode step's time goes (one GPU): the static decoder's CUDA-graph step at
-batch 512, timed at the shortest and longest cache span with each attention backend, and
-the GPU kernels of one eager step ranked by time.
+batch 512, timed at several cache spans, and the GPU kernels of one eager step ranked by
+time.
 
     python benchmarks/decode_profile.py
 """
@@ -13,18 +13,13 @@ import tempfile
 from pathlib import Path
 
 import torch
-from torch.nn.attention import SDPBackend
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from local_overhead import w1_files  # noqa: E402
 
-BACKENDS = {"efficient": [SDPBackend.EFFICIENT_ATTENTION], "cudnn": [SDPBackend.CUDNN_ATTENTION],
-            "math": [SDPBackend.MATH]}
-
-
 def step_ms(dec, span: int, params) -> float:
     """Median over 5 rounds of 20 replays of one step at ``span`` columns."""
-    position = dec.position.clone()  # each replay moves the rows on a position: keep them in the rotary table
+    position = torch.full_like(dec.position, 128)  # the rows' position, the same before every replay
 
     def reset():
         dec.column.fill_(span - 1)
@@ -61,19 +56,13 @@ def main() -> None:
     engine = NativeEngine(model, tokenizer, max_batch_size=512)
     engine.generate(prompts, params)
     dec = engine.static
-    engine_backends = dec.backends
     results = {}
-    for name, backends in BACKENDS.items():
-        dec.backends = backends
-        dec._graphs.clear()
-        dec._pool = None
-        for span in (128, 640):
-            results[f"{name}_span{span}_ms"] = step_ms(dec, span, params)
-            print(name, span, f"{results[f'{name}_span{span}_ms']:.3f} ms per step", flush=True)
-    dec.backends = engine_backends
+    for span in (128, 256, 384, 512, 640):
+        results[f"span{span}_ms"] = step_ms(dec, span, params)
+        print(f"span {span}: {results[f'span{span}_ms']:.3f} ms per step", flush=True)
     dec.column.fill_(639)
     dec.step.fill_(1)
-    dec.position.fill_(200)
+    dec.position.fill_(128)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         dec._forward(512, 640, params, dec.generator)
         torch.cuda.synchronize()

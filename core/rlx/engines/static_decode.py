@@ -18,12 +18,10 @@ the engine's plain transformers loop.
 from __future__ import annotations
 
 import sys
-from contextlib import nullcontext
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 ARCHITECTURES = {"llama", "qwen2", "qwen3", "mistral"}
 
@@ -58,15 +56,6 @@ class StaticDecoder:
         self.groups = model.config.num_attention_heads // self.kv_heads
         self.scale = attn.scaling
         self.rope = sys.modules[type(attn).__module__].apply_rotary_pos_emb
-        self.hidden = model.config.hidden_size
-        self.q_width, self.kv_width = model.config.num_attention_heads * self.head_dim, self.kv_heads * self.head_dim
-        # One matmul for the query, key and value projections when they are plain linear
-        # layers (under LoRA they are not): their weights are copied into one buffer at
-        # the start of every batch, so it always holds the trained weights.
-        self.fused_qkv = all(type(getattr(layer.self_attn, n)) is torch.nn.Linear
-                             for layer in self.layers for n in ("q_proj", "k_proj", "v_proj"))
-        # cuDNN's attention (SDPA's first choice on Hopper) is slow for a handful of query rows
-        self.backends = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH] if device.type == "cuda" else None
         self.device = device
         self.graphs = graphs and device.type == "cuda"
         self.check_every = check_every if self.graphs else 1
@@ -98,28 +87,6 @@ class StaticDecoder:
         self.step = torch.zeros(1, dtype=torch.long, **on)
         self.out_tokens = torch.zeros(self.rows, self.max_new, dtype=torch.long, **on)
         self.out_logprobs = torch.zeros(self.rows, self.max_new, dtype=torch.float32, **on)
-        self.qkv = []
-        if self.fused_qkv:
-            for layer in self.layers:
-                a = layer.self_attn
-                weight = torch.empty(self.q_width + 2 * self.kv_width, self.hidden, dtype=dtype, **on)
-                bias = torch.zeros(len(weight), dtype=dtype, **on) if a.q_proj.bias is not None else None
-                self.qkv.append((weight, bias))
-
-    def _refresh(self, positions: int) -> None:
-        """Per batch: the fused projection weights from the model's current ones, and the
-        rotary table of every position the batch can reach."""
-        for (weight, bias), layer in zip(self.qkv, self.layers):
-            a = layer.self_attn
-            torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight], out=weight)
-            if bias is not None:
-                torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias], out=bias)
-        if getattr(self, "cos", None) is None or len(self.cos) < positions:
-            probe = torch.zeros(1, dtype=self.head.weight.dtype, device=self.device)
-            cos, sin = self.decoder.rotary_emb(probe, torch.arange(positions, device=self.device)[None])
-            self.cos, self.sin = cos[0], sin[0]
-            self._graphs.clear()  # graphs hold the old tables' addresses
-            self._pool = None
 
     # -- one decode step ----------------------------------------------------------------
 
@@ -127,13 +94,12 @@ class StaticDecoder:
         """Embed the last token of rows ``[:b]``, attend over cache columns ``[:span]``,
         sample the next token and record it: every write in place, so a graph can replay it."""
         x = self.decoder.embed_tokens(self.token[:b, None])
-        position = self.position[:b, None]
-        cos, sin = self.cos[position], self.sin[position]
+        cos, sin = self.decoder.rotary_emb(x, self.position[:b, None])
         mask = (self.valid[:b, :span] & (self.columns[:span] <= self.column))[:, None, None, :]
         for i, layer in enumerate(self.layers):
-            x = x + self._attention(i, layer.self_attn, rms_norm(layer.input_layernorm, x), cos, sin, mask, b, span)
-            x = x + layer.mlp(rms_norm(layer.post_attention_layernorm, x))
-        logits = self.head(rms_norm(self.decoder.norm, x)[:, 0])
+            x = x + self._attention(i, layer.self_attn, layer.input_layernorm(x), cos, sin, mask, b, span)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        logits = self.head(self.decoder.norm(x)[:, 0])
         token, logprob = sample(logits, params, generator)
         self.out_tokens[:b].index_copy_(1, self.step, token[:, None])
         self.out_logprobs[:b].index_copy_(1, self.step, logprob[:, None])
@@ -144,22 +110,18 @@ class StaticDecoder:
 
     def _attention(self, i, attn, h, cos, sin, mask, b: int, span: int) -> torch.Tensor:
         shape = (b, 1, -1, self.head_dim)
-        if self.qkv:
-            q, k, v = F.linear(h, *self.qkv[i]).split([self.q_width, self.kv_width, self.kv_width], -1)
-        else:
-            q, k, v = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
-        q, k, v = q.view(shape), k.view(shape), v.view(shape).transpose(1, 2)
+        q, k = attn.q_proj(h).view(shape), attn.k_proj(h).view(shape)
         if hasattr(attn, "q_norm"):  # Qwen3 normalises each head's query and key
-            q, k = rms_norm(attn.q_norm, q), rms_norm(attn.k_norm, k)
+            q, k = attn.q_norm(q), attn.k_norm(k)
         q, k = self.rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+        v = attn.v_proj(h).view(shape).transpose(1, 2)
         self.keys[i][:b].index_copy_(2, self.column, k)
         self.values[i][:b].index_copy_(2, self.column, v)
         # The query heads that share a KV head stand in for the query length: one pass
         # reads each cached key and value once, with no copies for grouped-query attention.
         q = q.reshape(b, self.kv_heads, self.groups, self.head_dim)
-        with sdpa_kernel(self.backends) if self.backends else nullcontext():
-            out = F.scaled_dot_product_attention(q, self.keys[i][:b, :, :span], self.values[i][:b, :, :span],
-                                                 attn_mask=mask, scale=self.scale)
+        out = F.scaled_dot_product_attention(q, self.keys[i][:b, :, :span], self.values[i][:b, :, :span],
+                                             attn_mask=mask, scale=self.scale)
         return attn.o_proj(out.reshape(b, 1, -1))
 
     def _replay(self, b: int, span: int, params, generator) -> None:
@@ -201,7 +163,6 @@ class StaticDecoder:
         prompts, width = attention.shape
         rows, max_new = prompts * n, params.max_new_tokens
         self._allocate(rows, width + max_new, max_new, self.head.weight.dtype)
-        self._refresh(int(positions.max()) + max_new)
         for i, layer in enumerate(cache.layers):
             self.keys[i][:rows, :, :width] = layer.keys.repeat_interleave(n, 0)
             self.values[i][:rows, :, :width] = layer.values.repeat_interleave(n, 0)
@@ -269,13 +230,6 @@ class StaticDecoder:
                 t[:n] = t[:b].index_select(0, index)
         for t in (self.valid, self.token, self.position, self.out_tokens, self.out_logprobs):
             t[:n] = t[:b].index_select(0, index)
-
-
-def rms_norm(norm, x: torch.Tensor) -> torch.Tensor:
-    """A Llama-family RMSNorm module's output (normalised in float32, scaled in the input's
-    dtype) from torch's fused kernel."""
-    normed = F.rms_norm(x.float(), (x.shape[-1],), eps=norm.variance_epsilon)
-    return norm.weight * normed.to(x.dtype)
 
 
 def sample(logits: torch.Tensor, params, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
