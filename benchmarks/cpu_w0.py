@@ -1,0 +1,63 @@
+"""W0 on the CPU: a GRPO step of ``rlx train`` against TRL's GRPOTrainer on the same model
+(builtin:tiny, a 2-layer, hidden-128 Qwen2), 32 prompts x 8 samples, 64 new tokens, every
+completion 64 tokens long in TRL (min_new_tokens) and as long as it runs in rlx (the
+response length is printed). Each runs in its own process, rounds alternating; the first
+step of a run is warm-up and left out.
+
+    python benchmarks/cpu_w0.py [--rounds 2] [--steps 5] [--trl-python PYTHON]
+
+``--trl-python`` is an interpreter that has trl installed (it is not one of rlx's
+requirements), e.g. a venv made with ``--system-site-packages`` and ``pip install trl``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from local_overhead import W0, run, step_times  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--trl-python", default=sys.executable)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        env = {**os.environ, "RLX_CACHE": str(tmp / "cache")}
+        model = subprocess.run([sys.executable, "-c", "from rlx.tiny import builtin_model; print(builtin_model('tiny'))"],
+                               env=env, capture_output=True, text=True, check=True).stdout.split()[-1]
+        # the prompts rlx's W0 run trains on, as text
+        data = tmp / "w0.jsonl"
+        code = ("import json; from rlx.tasks import TASKS, prompt_rows; rows = prompt_rows(TASKS['arithmetic'], 64); "
+                f"open({str(data)!r}, 'w').write(''.join(json.dumps({{'prompt': r['prompt']}}) + '\\n' for r in rows))")
+        subprocess.run([sys.executable, "-c", code], env=env, check=True)
+        rlx_times, trl_times, lengths = [], [], []
+        for i in range(args.rounds):
+            rows = run([sys.executable, "-m", "rlx_cli"], W0, env, tmp / f"rlx{i}", args.steps)
+            rlx_times += step_times(rows)
+            lengths += [r["response_length/mean"] for r in rows]
+            result = tmp / f"trl{i}.json"
+            subprocess.run([args.trl_python, str(HERE / "trl_grpo.py"), "--model", model, "--data", str(data),
+                            "--steps", str(args.steps), "--prompts", "32", "--samples", "8", "--new-tokens", "64",
+                            "--micro-batch", "64", "--prompt-tokens", "64", "--json", str(result)],
+                           env=env, check=True, capture_output=True)
+            trl_times += json.loads(result.read_text())["step_s"][1:]
+    rlx, trl = statistics.median(rlx_times), statistics.median(trl_times)
+    print(f"W0 GRPO step on {os.cpu_count()} CPU cores, median of {len(rlx_times)} steps: rlx {rlx:.3f} s "
+          f"(mean response {statistics.mean(lengths):.1f} tokens), TRL {trl:.3f} s (64 tokens); TRL/rlx {trl / rlx:.2f}x")
+    print(f"ranges: rlx {min(rlx_times):.3f}-{max(rlx_times):.3f} s, TRL {min(trl_times):.3f}-{max(trl_times):.3f} s")
+
+
+if __name__ == "__main__":
+    main()
