@@ -1,4 +1,4 @@
-"""Check the vLLM engine against HF forwards before and after a weight sync.
+"""Check rlx's vLLM engine against HF forwards before and after a weight sync.
 
     python check_sync.py [--multiprocess] [--untied] [--no-eager-ranks]
 
@@ -6,7 +6,7 @@
 2. 32 samples (8 prompts x n=4, T=0.8, top_p=0.9, top_k=50, seed): log-probs ==
    HF log_softmax(logits / T) over the full vocabulary; same seed -> same tokens
 3. perturb every HF parameter, update_weights(new state dict): log-probs == HF(new),
-   != HF(old)
+   != HF(old); a part of a fused group is refused, a whole group is exact
 4. EOS and stop strings: make EOS likely (scale its embedding row), sync, generate
 """
 
@@ -15,41 +15,10 @@ from __future__ import annotations
 import argparse
 import copy
 import os
-import shutil
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-TOL = 1e-5
-
-
-def hf_token_logprobs(model, prompt, completion, temperature=1.0):
-    """log softmax(logits / T)[token] for each completion token, from one HF forward."""
-    import torch
-
-    ids = torch.tensor([list(prompt) + list(completion)])
-    with torch.no_grad():
-        logits = model(ids).logits[0].float()
-    logits = logits[len(prompt) - 1 : len(prompt) - 1 + len(completion)]
-    lp = (logits / temperature).log_softmax(-1)
-    tok = torch.tensor(completion)
-    return lp.gather(-1, tok[:, None]).squeeze(-1), logits.argmax(-1)
-
-
-def compare(model, prompts, completions, temperature=1.0, check_argmax=False):
-    """Largest |engine log-prob - HF log-prob| over all tokens of all completions."""
-    import torch
-
-    worst = 0.0
-    for c in completions:
-        ref, argmax = hf_token_logprobs(model, prompts[c.prompt_index], c.token_ids, temperature)
-        got = torch.tensor(c.logprobs)
-        diff = (ref - got).abs().nan_to_num(nan=float("inf"))  # a NaN log-prob counts as a failure
-        worst = max(worst, diff.max().item() if len(diff) else 0.0)
-        if check_argmax:
-            assert argmax.tolist() == c.token_ids, (argmax.tolist(), c.token_ids)
-    return worst
 
 
 def main():
@@ -62,19 +31,18 @@ def main():
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from tiny_model import corpus, make_model
-    from vllm_engine import SamplingParams, VLLMEngine
+    from common import EAGER_RANKS, TOL, compare, model_path, vllm_engine
+    from common import prompts as make_prompts
+    from rlx.errors import RunError
+    from rlx.rollout import SamplingParams
 
-    path = f"/tmp/rlx-vllm-cpu/tiny_sync_{'untied' if args.untied else 'tied'}"
-    shutil.rmtree(path, ignore_errors=True)
-    make_model(path, seed=0, tie=not args.untied)
+    path = model_path(tied=not args.untied)
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(path)
-    texts = [line.split("=")[0] + "=" for line in list(corpus(8, seed=1))]
-    prompts = [tok(t)["input_ids"] for t in texts]
+    prompts = make_prompts(tok)
 
     t0 = time.perf_counter()
-    engine = VLLMEngine(path, multiprocess=args.multiprocess, eager_logprob_ranks=not args.no_eager_ranks)
+    engine = vllm_engine(path, multiprocess=args.multiprocess, without=(EAGER_RANKS,) if args.no_eager_ranks else ())
     t_construct = time.perf_counter() - t0
     print(f"[time] construct: {t_construct:.2f} s (multiprocess={args.multiprocess})")
 
@@ -134,32 +102,27 @@ def main():
     print(f"[check] after sync sampled vs HF(new) log_softmax(logits/T): {worst:.2e}")
     assert worst < TOL
 
-    # 3b. a sync of only some tensors (a whole layer's q/k/v vs only q)
-    before_q = copy.deepcopy(hf)
+    # 3b. a sync of part of a fused group (only q of q/k/v) is refused; a whole group is exact
     with torch.no_grad():
         hf.model.layers[0].self_attn.q_proj.weight.add_(0.1)
-    engine.strict_sync = False  # the engine refuses partial dicts by default
-    part = {k: v for k, v in hf.state_dict().items() if k.startswith("model.layers.0.self_attn.q_proj.")}
-    engine.update_weights(part)
-    out = engine.generate(prompts, greedy)
-    try:
-        worst = compare(hf, prompts, out)
-    except AssertionError as e:
-        worst = float("nan")
-    print(f"[check] partial sync of only q_proj (k_proj/v_proj not sent) vs HF(new): {worst:.2e}, "
-          f"vs HF(before the q change): {compare(before_q, prompts, out):.2e}")
-    with torch.no_grad():
         hf.model.layers[0].self_attn.k_proj.weight.add_(0.1)
-    qkv = {k: v for k, v in hf.state_dict().items()
-           if k.startswith(tuple(f"model.layers.0.self_attn.{p}_proj." for p in "qkv"))}
+    state = hf.state_dict()
+    q_only = {k: v for k, v in state.items() if k.startswith("model.layers.0.self_attn.q_proj.")}
+    try:
+        engine.update_weights(q_only)
+        raise AssertionError("a sync of only q_proj was accepted")
+    except RunError as e:
+        print(f"[check] partial sync of only q_proj: refused ({e})")
+    engine._check = lambda named: None  # what vLLM itself makes of it
+    engine.update_weights(q_only)
+    del engine._check
+    print(f"[check] the same sent without the engine's checks: vs HF(new) "
+          f"{compare(hf, prompts, engine.generate(prompts, greedy)):.2e}")
+    qkv = {k: v for k, v in state.items() if k.startswith(tuple(f"model.layers.0.self_attn.{p}_proj." for p in "qkv"))}
     engine.update_weights(qkv)
-    out = engine.generate(prompts, greedy)
-    print(f"[check] partial sync of layer 0's q/k/v weights+biases ({len(qkv)} tensors) vs HF(new): "
-          f"{compare(hf, prompts, out):.2e}")
-    engine.strict_sync = True
-    engine.update_weights(hf.state_dict())
-    out = engine.generate(prompts, greedy)
-    print(f"[check] full sync afterwards vs HF(new): {compare(hf, prompts, out):.2e}")
+    worst = compare(hf, prompts, engine.generate(prompts, greedy))
+    print(f"[check] partial sync of layer 0's q/k/v weights+biases ({len(qkv)} tensors) vs HF(new): {worst:.2e}")
+    assert worst < TOL
 
     # 4. EOS and stop strings
     eos = tok.eos_token_id
@@ -207,7 +170,6 @@ def main():
     engine.sleep()
     engine.wake()
     print("[check] sleep()/wake() are no-ops without sleep mode")
-    engine.shutdown()
     print("ALL CHECKS PASSED")
 
 

@@ -32,22 +32,20 @@ def run(mode: str) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p
 
-    from tiny_model import make_model
-    from vllm_engine import SamplingParams, VLLMEngine
+    from common import FULL_VOCAB, model_path, vllm_engine
+    from rlx.rollout import SamplingParams
 
-    path = "/tmp/rlx-vllm-cpu/tiny_probe"
-    if not os.path.isdir(path):
-        make_model(path, seed=3)
+    path = model_path()
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(path)
-    prompts = [tok(t)["input_ids"] for t in ["12 + 30 =", "the cat sat on", "99 + 1 = 100. copy", "count of"]]
+    prompts = [tok(t)["input_ids"] for t in ["12+30=", "the cat sat on", "99+1=100. copy", "count of"]]
 
-    if mode == "raw":
-        engine = VLLMEngine(path, scaled_logprobs=False)  # logprobs_mode="raw_logprobs" (vLLM's default)
+    if mode == "raw":  # vLLM's default mode
+        engine = vllm_engine(path, logprobs_mode="raw_logprobs", without=(FULL_VOCAB,))
     elif mode == "processed":
-        engine = VLLMEngine(path, scaled_logprobs=False, logprobs_mode="processed_logprobs")
+        engine = vllm_engine(path, without=(FULL_VOCAB,))
     else:
-        engine = VLLMEngine(path)  # processed_logprobs + the sampler patch
+        engine = vllm_engine(path)  # processed_logprobs + the engine's full-vocabulary patch
     print(f"== mode {mode}: logprobs_mode={engine.llm.llm_engine.model_config.logprobs_mode}")
     for name, kw in SETTINGS:
         params = SamplingParams(n=4, max_new_tokens=12, seed=11, **kw)
@@ -76,7 +74,6 @@ def run(mode: str) -> None:
         summary = "  ".join(f"{key}: {v:.1e}" for key, v in worst.items())
         match = [key for key, v in worst.items() if v < 1e-5]
         print(f"  {name:26s} max|d| vs {summary}   -> matches {match or 'none'}")
-    engine.shutdown()
 
 
 if __name__ == "__main__":

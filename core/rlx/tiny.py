@@ -87,12 +87,14 @@ def make_model(
     intermediate: int = 256,
     seed: int = 0,
     arch: str = "qwen2",
+    tie: bool = True,
 ) -> str:
     """Save a randomly initialised causal LM and its tokenizer to ``out_dir``.
 
     ``arch`` is "qwen2" or "llama". The weights depend only on the sizes and
     ``seed``. The head size is ``hidden // heads`` (32 by default: vLLM's CPU
-    backend needs at least 32). Returns ``out_dir`` as a string.
+    backend needs at least 32). ``tie=False`` gives the output head weights of
+    its own. Returns ``out_dir`` as a string.
     """
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig, LlamaConfig, Qwen2Config
@@ -111,7 +113,7 @@ def make_model(
         head_dim=hidden // heads,
         intermediate_size=intermediate,
         max_position_embeddings=512,
-        tie_word_embeddings=True,
+        tie_word_embeddings=tie,
         bos_token_id=eos,
         eos_token_id=eos,
         pad_token_id=tokenizer.pad_token_id,
