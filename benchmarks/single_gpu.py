@@ -78,7 +78,9 @@ def rollout_part(model_dir: str, data: Path, results: dict) -> None:
 
     from rlx.online import batch_of_completions
     from rlx.rollout import NativeEngine, SamplingParams
-    from rlx.workers.forward import batched, response_logprobs
+    from rlx.config import TrainingConfig
+    from rlx.models import compile_layers
+    from rlx.workers.forward import batched, forward_micro_batch, response_logprobs
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16, attn_implementation="sdpa").cuda()
@@ -109,8 +111,12 @@ def rollout_part(model_dir: str, data: Path, results: dict) -> None:
     # the engine's log-probs against the trainer's forward over the same tokens
     batch = batch_of_completions([p for p in prompts for _ in range(SAMPLES)], completions, tokenizer.pad_token_id,
                                  [0.0] * len(completions), [i // SAMPLES for i in range(len(completions))], "cuda")
+    # as the policy worker runs it by default: layers compiled, 4x the training micro-batch
+    compile_layers(model, "auto")
+    micro = forward_micro_batch(TrainingConfig(micro_batch_size=16))
     with torch.inference_mode():
-        logp, logp_time = timed(lambda: batched(lambda part: response_logprobs(model, part, 1.0)[0], batch, 16))
+        logp, _ = timed(lambda: batched(lambda part: response_logprobs(model, part, 1.0)[0], batch, micro))  # compiles
+        logp, logp_time = timed(lambda: batched(lambda part: response_logprobs(model, part, 1.0)[0], batch, micro))
     mask = batch.action_mask
     diff = ((logp - batch.rollout_logp).abs() * mask)
     results["rollout"] = {

@@ -57,3 +57,17 @@ def test_no_grad_pass_and_padding_only_rows():
     assert entropy is None
     assert torch.allclose(logp, want, atol=1e-5)
     assert logp[1].abs().sum() == 0
+
+
+def test_compile_layers_follows_the_setting(tiny_model_dir):
+    from rlx import models
+    from rlx.config import ModelConfig
+
+    def compiled(setting):
+        model = models.load_causal_lm(ModelConfig(path=tiny_model_dir), torch.device("cpu"), trainable=False)
+        models.compile_layers(model, setting)
+        return [layer._compiled_call_impl is not None for layer in model.model.layers]
+
+    assert compiled("auto") == [False, False]  # auto compiles on CUDA only
+    assert compiled("off") == [False, False]
+    assert compiled("on") == [True, True]

@@ -84,6 +84,9 @@ class TrainingConfig:
     max_grad_norm: float = opt(1.0, "clip the global gradient norm (0: off)")
     batch_size: int = opt(32, "samples per optimizer step (the train batch)")
     micro_batch_size: int = opt(8, "samples per forward/backward pass; never changes the result")
+    forward_micro_batch_size: int = opt(0, "samples per no-grad forward (log-probs, values); 0: 4 x micro_batch_size")
+    compile: Literal["auto", "on", "off"] = opt(
+        "auto", "torch.compile each decoder layer; auto: on CUDA with the plain backend and no gradient checkpointing")
     epochs: int = opt(1, "passes over the data: training rows (offline) or prompts (online); max_steps wins when set")
     max_steps: int = opt(0, "stop after this many optimizer steps (0: run all epochs)")
     packing: bool = opt(False, "pack several samples into one row without padding")
@@ -375,6 +378,7 @@ def validate(config: RunConfig) -> None:
     checks = [
         (t.batch_size > 0, "training.batch_size must be positive"),
         (t.micro_batch_size > 0, "training.micro_batch_size must be positive"),
+        (t.forward_micro_batch_size >= 0, "training.forward_micro_batch_size must be 0 or positive"),
         (t.batch_size % t.micro_batch_size == 0,
          f"training.batch_size ({t.batch_size}) must be a multiple of training.micro_batch_size ({t.micro_batch_size})"),
         (t.lr >= 0, "training.lr must not be negative"),

@@ -203,6 +203,23 @@ def _unwrap_engine(model):
     return model
 
 
+def compile_layers(model, setting: str) -> None:
+    """torch.compile each decoder layer when ``setting`` (``training.compile``) says so.
+
+    Regional compilation: the layers share one compiled graph, built in seconds, which
+    fuses the norms, the rotary embedding and the activation between the matmuls (on W1 the
+    update ran 1.3x faster). ``auto`` compiles on CUDA only, and not under gradient
+    checkpointing, whose recomputation replays the layer outside the compiled graph.
+    """
+    module = hf_module(model)
+    device = next(module.parameters()).device
+    if setting == "off" or (setting == "auto" and (device.type != "cuda" or module.is_gradient_checkpointing)):
+        return
+    base = getattr(module, module.base_model_prefix, module)
+    for layer in getattr(base, "layers", None) or []:
+        layer.compile()
+
+
 def hf_module(model):
     """The Hugging Face module inside engine and peft wrappers."""
     model = _unwrap_engine(model)

@@ -23,6 +23,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from rlx.engines import decode_attention
+
 ARCHITECTURES = {"llama", "qwen2", "qwen3", "mistral"}
 
 
@@ -64,6 +66,12 @@ class StaticDecoder:
         self._pool = None
         # one generator for every graph (a graph replays the generator it was captured with)
         self.generator = torch.Generator(device)
+        # Under graphs, the work between the matmuls (norms, rotary embedding, activation,
+        # residual adds, the sampling race) runs compiled: fewer, fused kernels per step.
+        fuse = torch.compile if self.graphs else (lambda fn, **_: fn)
+        self._qkv, self._mlp = fuse(_qkv), fuse(_mlp)
+        self._race = fuse(_race)
+        self.triton_attention = self.graphs and decode_attention.supported(self.head_dim, self.groups, device)
 
     # -- buffers ------------------------------------------------------------------------
 
@@ -95,12 +103,12 @@ class StaticDecoder:
         sample the next token and record it: every write in place, so a graph can replay it."""
         x = self.decoder.embed_tokens(self.token[:b, None])
         cos, sin = self.decoder.rotary_emb(x, self.position[:b, None])
-        mask = (self.valid[:b, :span] & (self.columns[:span] <= self.column))[:, None, None, :]
+        mask = None if self.triton_attention else (self.valid[:b, :span] & (self.columns[:span] <= self.column))[:, None, None, :]
         for i, layer in enumerate(self.layers):
-            x = x + self._attention(i, layer.self_attn, layer.input_layernorm(x), cos, sin, mask, b, span)
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            q, k, v = self._qkv(layer, x, cos, sin, self.rope)
+            x = self._mlp(layer, x, self._attention(i, q, k, v, mask, b, span))
         logits = self.head(self.decoder.norm(x)[:, 0])
-        token, logprob = sample(logits, params, generator)
+        token, logprob = sample(logits, params, generator, self._race)
         self.out_tokens[:b].index_copy_(1, self.step, token[:, None])
         self.out_logprobs[:b].index_copy_(1, self.step, logprob[:, None])
         self.token[:b].copy_(token)
@@ -108,21 +116,20 @@ class StaticDecoder:
         self.column.add_(1)
         self.step.add_(1)
 
-    def _attention(self, i, attn, h, cos, sin, mask, b: int, span: int) -> torch.Tensor:
-        shape = (b, 1, -1, self.head_dim)
-        q, k = attn.q_proj(h).view(shape), attn.k_proj(h).view(shape)
-        if hasattr(attn, "q_norm"):  # Qwen3 normalises each head's query and key
-            q, k = attn.q_norm(q), attn.k_norm(k)
-        q, k = self.rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
-        v = attn.v_proj(h).view(shape).transpose(1, 2)
+    def _attention(self, i, q, k, v, mask, b: int, span: int) -> torch.Tensor:
+        """Write this step's key and value into the cache and attend over ``span`` columns."""
         self.keys[i][:b].index_copy_(2, self.column, k)
         self.values[i][:b].index_copy_(2, self.column, v)
         # The query heads that share a KV head stand in for the query length: one pass
         # reads each cached key and value once, with no copies for grouped-query attention.
         q = q.reshape(b, self.kv_heads, self.groups, self.head_dim)
+        if self.triton_attention:
+            out = decode_attention.decode_attention(q, self.keys[i], self.values[i], self.valid, self.column, span,
+                                                    self.scale)
+            return out.reshape(b, 1, -1)
         out = F.scaled_dot_product_attention(q, self.keys[i][:b, :, :span], self.values[i][:b, :, :span],
                                              attn_mask=mask, scale=self.scale)
-        return attn.o_proj(out.reshape(b, 1, -1))
+        return out.reshape(b, 1, -1)
 
     def _replay(self, b: int, span: int, params, generator) -> None:
         """One step for rows ``[:b]``: eager on the CPU, a graph replay on CUDA."""
@@ -232,20 +239,49 @@ class StaticDecoder:
             t[:n] = t[:b].index_select(0, index)
 
 
-def sample(logits: torch.Tensor, params, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+def _qkv(layer, x, cos, sin, rope):
+    """The layer's normed input projected to this step's query, key and value heads [b, heads, 1, d]."""
+    attn = layer.self_attn
+    h = layer.input_layernorm(x)
+    shape = (x.shape[0], 1, -1, attn.head_dim)
+    q, k = attn.q_proj(h).view(shape), attn.k_proj(h).view(shape)
+    if hasattr(attn, "q_norm"):  # Qwen3 normalises each head's query and key
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    q, k = rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+    return q, k, attn.v_proj(h).view(shape).transpose(1, 2)
+
+
+def _mlp(layer, x, attended):
+    """The rest of the layer after attention: output projection, residuals and MLP."""
+    x = x + layer.self_attn.o_proj(attended)
+    return x + layer.mlp(layer.post_attention_layernorm(x))
+
+
+def _race(logits, noise, temperature: float):
+    """The exponential race in log space over softmax(logits / T), and the winner's log-prob."""
+    scaled = logits.float() / temperature
+    token = (scaled - noise.log()).argmax(-1)
+    return token, scaled.gather(-1, token[:, None]).squeeze(-1) - scaled.logsumexp(-1)
+
+
+def sample(logits: torch.Tensor, params, generator: torch.Generator | None,
+           race=_race) -> tuple[torch.Tensor, torch.Tensor]:
     """Next token of each row and its log-prob under softmax(logits / T), before top-k/top-p.
 
     Draws by the exponential race (arg-max of p_i / E_i with E_i ~ Exp(1), which picks i
-    with probability p_i): no host sync, so it can sit inside a CUDA graph.
+    with probability p_i): no host sync, so it can sit inside a CUDA graph. ``race`` is
+    ``_race``, maybe compiled.
     """
-    scaled = logits.float() / (params.temperature if params.temperature > 0 else 1.0)
+    temperature = params.temperature if params.temperature > 0 else 1.0
+    if not (params.greedy or params.temperature == 0 or params.top_k > 0 or params.top_p < 1.0):
+        noise = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+        return race(logits, noise.exponential_(generator=generator), temperature)
+    scaled = logits.float() / temperature
     if params.greedy or params.temperature == 0:
         token = scaled.argmax(-1)
-    elif params.top_k > 0 or params.top_p < 1.0:
+    else:
         weights = truncate(scaled.log_softmax(-1), params.top_k, params.top_p).exp()
         token = (weights / torch.empty_like(weights).exponential_(generator=generator)).argmax(-1)
-    else:  # the same race in log space, with no normalised copy of the logits
-        token = (scaled - torch.empty_like(scaled).exponential_(generator=generator).log_()).argmax(-1)
     logprob = scaled.gather(-1, token[:, None]).squeeze(-1) - scaled.logsumexp(-1)
     return token, logprob
 

@@ -11,7 +11,7 @@ from rlx import models, ops
 from rlx.batch import Batch
 from rlx.checkpoint import load_checkpoint, save_checkpoint
 from rlx.engine import make_engine, save_hf
-from rlx.workers.forward import batched, chunks, response_values
+from rlx.workers.forward import batched, chunks, forward_micro_batch, response_values
 from rlx.metrics import add_shares
 from rlx.workers.policy import own_host
 
@@ -32,7 +32,7 @@ class CriticWorker:
 
     def values(self, batch: Batch) -> torch.Tensor:
         self.engine.model.eval()
-        return batched(lambda part: response_values(self.engine.model, part), batch, self.t.micro_batch_size)
+        return batched(lambda part: response_values(self.engine.model, part), batch, forward_micro_batch(self.t))
 
     def train_step(self, batch: Batch, *, token_count: float, **_) -> tuple[dict[str, float], dict[str, float]]:
         """One optimizer step of the token-mean value loss on this rank's share of the step;

@@ -11,7 +11,7 @@ from rlx.algorithm import call_with_accepted
 from rlx.batch import Batch
 from rlx.checkpoint import load_checkpoint, save_checkpoint
 from rlx.engine import make_engine, save_hf
-from rlx.workers.forward import batched, chunks, response_logprobs
+from rlx.workers.forward import batched, chunks, forward_micro_batch, response_logprobs
 
 
 class PolicyWorker:
@@ -43,7 +43,7 @@ class PolicyWorker:
         """log π(response tokens) under the current weights, [B, R]."""
         self.engine.model.eval()
         return batched(lambda part: response_logprobs(self.engine.model, part, self.r.temperature)[0], batch,
-                       self.t.micro_batch_size)
+                       forward_micro_batch(self.t))
 
     def train_step(self, batch: Batch, *, token_count: float, seq_count: float,
                    beta: float) -> tuple[dict[str, float], dict[str, float]]:

@@ -1,0 +1,69 @@
+"""The Triton decode-attention kernel (``rlx.engines.decode_attention``) against SDPA on
+one GPU: the largest difference from a float32 reference, and the time per call of both,
+for W1's shape (512 rows, 2 KV heads of 7 query heads, head size 64) and for the 1.5B/7B
+head size of 128, with prompt padding masking whole leading blocks of some rows.
+
+    python benchmarks/decode_attention_check.py
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+import torch.nn.functional as F
+
+from rlx.engines.decode_attention import decode_attention
+
+
+def case(rows: int, kv_heads: int, groups: int, d: int, length: int, span: int) -> dict:
+    g = torch.Generator("cuda").manual_seed(0)
+    bf = dict(device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(rows, kv_heads, groups, d, generator=g, **bf)
+    keys = torch.randn(rows, kv_heads, length, d, generator=g, **bf)
+    values = torch.randn(rows, kv_heads, length, d, generator=g, **bf)
+    valid = torch.ones(rows, length, dtype=torch.bool, device="cuda")
+    pad = torch.randint(0, 100, (rows,), generator=g, device="cuda")  # left padding up to 99 columns
+    valid &= torch.arange(length, device="cuda")[None] >= pad[:, None]
+    column = torch.tensor([span - 3], device="cuda")  # the last two columns of the span are not written yet
+    scale = d ** -0.5
+    mask = (valid[:, :span] & (torch.arange(span, device="cuda") <= column))[:, None, None, :]
+
+    def sdpa():
+        return F.scaled_dot_product_attention(q, keys[:, :, :span], values[:, :, :span], attn_mask=mask, scale=scale)
+
+    def kernel():
+        return decode_attention(q, keys, values, valid, column, span, scale)
+
+    reference = F.scaled_dot_product_attention(q.float(), keys[:, :, :span].float(), values[:, :, :span].float(),
+                                               attn_mask=mask, scale=scale)
+    result = {"shape": [rows, kv_heads, groups, d], "span": span,
+              "kernel_max_diff": (kernel().float() - reference).abs().max().item(),
+              "sdpa_max_diff": (sdpa().float() - reference).abs().max().item()}
+    for name, fn in (("kernel", kernel), ("sdpa", sdpa)):
+        for _ in range(3):
+            fn()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(50):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        result[f"{name}_us"] = start.elapsed_time(end) / 50 * 1000
+    result["sdpa_over_kernel"] = result["sdpa_us"] / result["kernel_us"]
+    # bytes of keys and values read, over the kernel's time
+    result["kernel_tb_per_s"] = 2 * rows * kv_heads * span * d * 2 / result["kernel_us"] / 1e6
+    return result
+
+
+def main() -> None:
+    results = [case(512, 2, 7, 64, 640, span) for span in (128, 384, 640)]
+    results += [case(64, 2, 7, 64, 640, 640), case(256, 2, 6, 128, 640, 640), case(256, 4, 7, 128, 2560, 2560)]
+    for r in results:
+        print(json.dumps(r))
+    worst = max(r["kernel_max_diff"] for r in results)
+    assert worst < 0.02, f"kernel differs from the float32 reference by {worst}"
+
+
+if __name__ == "__main__":
+    main()
