@@ -25,13 +25,15 @@ def supported(head_dim: int, groups: int, device: torch.device) -> bool:
 
 
 def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, valid: torch.Tensor,
-                     column: torch.Tensor, span: int, scale: float) -> torch.Tensor:
+                     column: torch.Tensor, span: int, scale: float, *, block: int = 64, warps: int = 2,
+                     stages: int = 2) -> torch.Tensor:
     """softmax(q·Kᵀ·scale)·V over cache columns ``[:span]`` that are ``valid`` and not past
     ``column`` (a one-element tensor: the column this step wrote).
 
     ``q`` is [b, kv_heads, groups, d]; ``keys``/``values`` [rows ≥ b, kv_heads, length, d]
     with the head dimension contiguous; ``valid`` [rows, length] bool. Returns [b, kv_heads,
-    groups, d] in ``q``'s dtype.
+    groups, d] in ``q``'s dtype. ``block`` columns are read per iteration by ``warps`` warps,
+    ``stages`` iterations in flight (benchmarks/decode_attention_check.py compares settings).
     """
     b, kv_heads, groups, d = q.shape
     out = torch.empty_like(q)
@@ -40,7 +42,8 @@ def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
         q.stride(0), q.stride(1), q.stride(2), keys.stride(0), keys.stride(1), keys.stride(2),
         values.stride(0), values.stride(1), values.stride(2), valid.stride(0),
         out.stride(0), out.stride(1), out.stride(2),
-        GROUPS=groups, GROUPS_PAD=max(16, triton.next_power_of_2(groups)), D=d, BLOCK=64, num_warps=4)
+        GROUPS=groups, GROUPS_PAD=max(16, triton.next_power_of_2(groups)), D=d, BLOCK=block,
+        num_warps=warps, num_stages=stages)
     return out
 
 

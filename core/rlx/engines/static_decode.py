@@ -95,6 +95,11 @@ class StaticDecoder:
         self.step = torch.zeros(1, dtype=torch.long, **on)
         self.out_tokens = torch.zeros(self.rows, self.max_new, dtype=torch.long, **on)
         self.out_logprobs = torch.zeros(self.rows, self.max_new, dtype=torch.float32, **on)
+        if self.graphs:  # two pinned host buffers each, one being filled while the other is read
+            size = self.rows * self.check_every
+            self._host_tokens = [torch.empty(size, dtype=torch.long, pin_memory=True) for _ in range(2)]
+            self._host_logprobs = [torch.empty(size, dtype=torch.float32, pin_memory=True) for _ in range(2)]
+            self._flip = 0
 
     # -- one decode step ----------------------------------------------------------------
 
@@ -190,19 +195,30 @@ class StaticDecoder:
         slots = list(range(rows))  # slot s of the batch decodes row slots[s]
         done = [False] * rows
         written, read, b = 1, 0, rows  # output columns filled and read back; rows decoded
+
+        def absorb(chunk, chunk_slots):
+            new_tokens, new_logprobs = chunk()
+            for s, row in enumerate(chunk_slots):
+                for tok, lp in zip(new_tokens[s], new_logprobs[s]):
+                    if done[row]:
+                        break
+                    tokens[row].append(tok)
+                    logprobs[row].append(lp)
+                    done[row] = finished(tokens[row])
+
+        # Under graphs a chunk copied out is read one chunk later: the host checks it while
+        # the GPU decodes the next steps, instead of the GPU waiting for the host.
+        pending = None
         while True:
             if written % self.check_every == 0 or written == max_new:
-                # read back the columns since the last check and see which rows ended
-                new_tokens = self.out_tokens[:len(slots), read:written].tolist()
-                new_logprobs = self.out_logprobs[:len(slots), read:written].tolist()
+                chunk = (self._copy_out(len(slots), read, written), list(slots))
                 read = written
-                for s, row in enumerate(slots):
-                    for tok, lp in zip(new_tokens[s], new_logprobs[s]):
-                        if done[row]:
-                            break
-                        tokens[row].append(tok)
-                        logprobs[row].append(lp)
-                        done[row] = finished(tokens[row])
+                if pending is not None:
+                    absorb(*pending)
+                pending = chunk
+                if not self.graphs or written == max_new or all(done[row] for row in slots):
+                    absorb(*pending)
+                    pending = None
                 alive = [s for s, row in enumerate(slots) if not done[row]]
                 if not alive or written == max_new:
                     break
@@ -213,6 +229,21 @@ class StaticDecoder:
             self._replay(b, self._span(width + written), params, generator)
             written += 1
         return tokens, logprobs
+
+    def _copy_out(self, n: int, start: int, end: int):
+        """Start copying output columns ``[start:end]`` of slots ``[:n]`` to the host; returns
+        a call that waits for the copy and gives them as lists."""
+        if not self.graphs:
+            return lambda: (self.out_tokens[:n, start:end].tolist(), self.out_logprobs[:n, start:end].tolist())
+        self._flip ^= 1
+        size = n * (end - start)
+        host_tokens = self._host_tokens[self._flip][:size].view(n, end - start)
+        host_logprobs = self._host_logprobs[self._flip][:size].view(n, end - start)
+        host_tokens.copy_(self.out_tokens[:n, start:end], non_blocking=True)
+        host_logprobs.copy_(self.out_logprobs[:n, start:end], non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record()
+        return lambda: (copied.synchronize(), host_tokens.tolist(), host_logprobs.tolist())[1:]
 
     def _span(self, columns: int) -> int:
         """Cache columns a step attends over: exact on the CPU, in steps of 128 under
