@@ -71,3 +71,22 @@ def test_compile_layers_follows_the_setting(tiny_model_dir):
     assert compiled("auto") == [False, False]  # auto compiles on CUDA only
     assert compiled("off") == [False, False]
     assert compiled("on") == [True, True]
+
+
+def test_packed_pass_matches_the_padded_one_with_left_and_right_padding():
+    model, batch = model_and_batch(False)
+    batch.attention_mask[1, :2] = 0  # a shorter prompt, left-padded, beside right-padded responses
+    batch.position_ids = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
+    weights = torch.randn(3, 5)
+    results = []
+    for packed in (False, True):
+        model.zero_grad()
+        logp, entropy = forward.response_logprobs(model, batch, 0.7, with_entropy=True, packed=packed)
+        (logp * weights).sum().backward()
+        results.append((logp.detach(), entropy, {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (padded, padded_entropy, padded_grads), (packed, packed_entropy, packed_grads) = results
+    assert padded.abs().sum() > 0
+    assert torch.allclose(packed, padded, atol=1e-5)
+    assert torch.allclose(packed_entropy, padded_entropy, atol=1e-5)
+    for name in padded_grads:
+        assert torch.allclose(packed_grads[name], padded_grads[name], atol=1e-5), name

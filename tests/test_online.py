@@ -133,6 +133,17 @@ def test_online_options_run(host, demo_policy, tmp_path, options):
         assert last["kl_coef"] != options["kl_coef"]  # the adaptive controller moved beta
 
 
+def test_packed_run_matches_the_padded_one(host, demo_policy, tmp_path):
+    # a reference model and two epochs: the old, reference and training passes all packed
+    settings = dict(training={"max_steps": 2}, algorithm={"eval_size": 0, "kl_coef": 0.05, "kl_loss": True,
+                                                          "epochs": 2})
+    padded = train(host, "grpo", tmp_path / "padded", **settings)
+    packed = train(host, "grpo", tmp_path / "packed", **{**settings, "training": {"max_steps": 2, "packing": True}})
+    for a, b in zip(padded, packed):
+        for key in ("loss/policy", "kl", "reward/mean", "entropy"):
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
+
+
 def test_deepspeed_zero3_online(host, demo_policy, tmp_path):
     rows = train(host, "grpo", tmp_path / "run", training={"max_steps": 2, "backend": "deepspeed", "zero_stage": 3},
                  algorithm={"eval_size": 8})

@@ -89,7 +89,7 @@ class TrainingConfig:
         "auto", "torch.compile each decoder layer; auto: on CUDA with the plain backend and no gradient checkpointing")
     epochs: int = opt(1, "passes over the data: training rows (offline) or prompts (online); max_steps wins when set")
     max_steps: int = opt(0, "stop after this many optimizer steps (0: run all epochs)")
-    packing: bool = opt(False, "pack several samples into one row without padding")
+    packing: bool = opt(False, "pack several samples into one row without padding (SFT; the online policy and reference passes)")
     eval_every: int = opt(0, "evaluate every N steps (0: only at the end)")
     seed: int = opt(42, "seed for data order, initialisation and sampling")
     threads: int = opt(0, "CPU threads for torch (0: torch's choice); tiny models run best on 1")

@@ -288,10 +288,11 @@ def _mlp(layer, x, attended):
     return x + layer.mlp(layer.post_attention_layernorm(x))
 
 
-def _race(logits, noise, temperature: float):
-    """The exponential race in log space over softmax(logits / T), and the winner's log-prob."""
+def _race(logits, uniform, temperature: float):
+    """The exponential race in log space over softmax(logits / T) (E = −log U, so the race
+    is the arg-max of z / T − log(−log U)), and the winner's log-prob."""
     scaled = logits.float() / temperature
-    token = (scaled - noise.log()).argmax(-1)
+    token = (scaled - torch.log(-torch.log(uniform))).argmax(-1)
     return token, scaled.gather(-1, token[:, None]).squeeze(-1) - scaled.logsumexp(-1)
 
 
@@ -305,8 +306,9 @@ def sample(logits: torch.Tensor, params, generator: torch.Generator | None,
     """
     temperature = params.temperature if params.temperature > 0 else 1.0
     if not (params.greedy or params.temperature == 0 or params.top_k > 0 or params.top_p < 1.0):
-        noise = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
-        return race(logits, noise.exponential_(generator=generator), temperature)
+        # uniform draws: on the CPU 5x faster than exponential_'s, which took a third of a tiny model's rollout
+        uniform = torch.rand(logits.shape, dtype=torch.float32, device=logits.device, generator=generator)
+        return race(logits, uniform, temperature)
     scaled = logits.float() / temperature
     if params.greedy or params.temperature == 0:
         token = scaled.argmax(-1)

@@ -33,22 +33,26 @@ _CHUNK_ELEMENTS = 1 << 27
 
 
 def response_logprobs(model, batch: Batch, temperature: float, *, with_entropy: bool = False,
-                      entropy_grad: bool = False):
+                      entropy_grad: bool = False, packed: bool = False):
     """log softmax(z / T) of each response token [B, R], and the entropy of the untempered
     logits when asked (differentiable only with ``entropy_grad``); 0 on tokens outside
     ``action_mask``.
 
     The model runs up to its last hidden states; the output head then runs over the action
     tokens only, a chunk at a time, and under autograd each chunk is recomputed in the
-    backward pass: the [tokens, vocab] float32 logits never exist whole.
+    backward pass: the [tokens, vocab] float32 logits never exist whole. ``packed`` runs
+    the samples as one row without their padding (``_packed_states``).
     """
-    response_len = batch.action_mask.shape[1]
-    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
-                logits_to_keep=1, output_hidden_states=True, use_cache=False, **batch.extra)
-    hidden = out.hidden_states[-1][:, -(response_len + 1):-1]  # the states that predict each response token
     index = batch.action_mask.flatten().nonzero().squeeze(-1)
+    if packed and not batch.extra:
+        states = _packed_states(model, batch)
+    else:
+        response_len = batch.action_mask.shape[1]
+        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
+                    logits_to_keep=1, output_hidden_states=True, use_cache=False, **batch.extra)
+        states = out.hidden_states[-1][:, -(response_len + 1):-1]  # the states that predict each response token
     head = models.hf_module(model).get_output_embeddings()
-    logp, entropy = _head_logprobs(head, hidden.flatten(0, 1)[index], batch.responses.flatten()[index], temperature,
+    logp, entropy = _head_logprobs(head, states.flatten(0, 1)[index], batch.responses.flatten()[index], temperature,
                                    with_entropy, entropy_grad)
     shape = batch.action_mask.shape
 
@@ -56,6 +60,24 @@ def response_logprobs(model, batch: Batch, temperature: float, *, with_entropy: 
         return values.new_zeros(shape.numel()).index_put((index,), values).view(shape)
 
     return scatter(logp), scatter(entropy) if with_entropy else None
+
+
+def _packed_states(model, batch: Batch) -> torch.Tensor:
+    """The last hidden states that predict each response token, [B, R, H], from one forward
+    over the samples' real tokens laid end to end: no compute on padding.
+
+    The model gets the positions, restarting at 0 for each sample, and no attention mask;
+    transformers then keeps attention within each sample (flash-attn's variable-length
+    kernel when installed; otherwise SDPA with a block-diagonal mask, which pays only
+    where padding is a large share of the batch).
+    """
+    valid = batch.attention_mask.bool()
+    out = model(input_ids=batch.input_ids[valid][None], position_ids=batch.position_ids[valid][None],
+                logits_to_keep=1, output_hidden_states=True, use_cache=False)
+    # a token's place in the packed row; a response token is predicted from the place before
+    place = valid.flatten().cumsum(0).view(valid.shape) - 1
+    before = (place[:, batch.prompt_len:] - 1).clamp(min=0)  # padding columns point anywhere valid
+    return out.hidden_states[-1][0][before]
 
 
 def _head_logprobs(head, hidden: torch.Tensor, labels: torch.Tensor, temperature: float, with_entropy: bool,

@@ -42,8 +42,8 @@ class PolicyWorker:
     def logprobs(self, batch: Batch) -> torch.Tensor:
         """log π(response tokens) under the current weights, [B, R]."""
         self.engine.model.eval()
-        return batched(lambda part: response_logprobs(self.engine.model, part, self.r.temperature)[0], batch,
-                       forward_micro_batch(self.t))
+        return batched(lambda part: response_logprobs(self.engine.model, part, self.r.temperature,
+                                                      packed=self.t.packing)[0], batch, forward_micro_batch(self.t))
 
     def train_step(self, batch: Batch, *, token_count: float, seq_count: float,
                    beta: float) -> tuple[dict[str, float], dict[str, float]]:
@@ -65,7 +65,7 @@ class PolicyWorker:
     def _micro_step(self, micro: Batch, beta: float, tokens: float, agg: dict) -> dict[str, torch.Tensor]:
         a, engine, mask = self.a, self.engine, micro.action_mask
         logp, entropy = response_logprobs(engine.model, micro, self.r.temperature, with_entropy=True,
-                                          entropy_grad=bool(a.entropy_coef))
+                                          entropy_grad=bool(a.entropy_coef), packed=self.t.packing)
         share = mask.sum() / tokens
         measured = {}
         old_logp = micro.old_logp

@@ -12,9 +12,10 @@ from rlx.workers.forward import batched, forward_micro_batch, response_logprobs
 class ReferenceWorker:
     def __init__(self, config):
         self.temperature, self.micro = config.rollout.temperature, forward_micro_batch(config.training)
+        self.packed = config.training.packing
         device = models.resolve_device(config.training.device)
         self.model = models.load_causal_lm(config.model, device, trainable=False)
         models.compile_layers(self.model, config.training.compile)
 
     def logprobs(self, batch: Batch) -> torch.Tensor:
-        return batched(lambda part: response_logprobs(self.model, part, self.temperature)[0], batch, self.micro)
+        return batched(lambda part: response_logprobs(self.model, part, self.temperature, packed=self.packed)[0], batch, self.micro)
