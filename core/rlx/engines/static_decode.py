@@ -5,11 +5,14 @@ graph.
 A decode step of a small model in plain transformers is bound by the CPU: about a
 thousand kernel launches, a new attention mask and a growing cache per token. Here the
 cache never moves, the mask is one comparison, and on CUDA a whole step (forward,
-sampling, bookkeeping) is one graph replay, so the GPU never waits for Python.
+sampling, bookkeeping) is one graph replay, so the GPU never waits for Python. Inside
+it, the work between the matmuls runs compiled and attention is a Triton kernel
+(``decode_attention``).
 
 Rows that finish keep their slot until the batch is compacted: on CUDA when half the
 rows are done (graphs are captured per batch-size and cache-length bucket), on the CPU
-at every step. The host reads the sampled tokens every few steps, not after each one.
+at every step. The host reads the sampled tokens every few steps, not after each one,
+and on CUDA one chunk late, so that the GPU decodes on while the host checks them.
 
 It drives decoder-only models of the Llama family (``supports``); anything else takes
 the engine's plain transformers loop.
@@ -108,7 +111,9 @@ class StaticDecoder:
         sample the next token and record it: every write in place, so a graph can replay it."""
         x = self.decoder.embed_tokens(self.token[:b, None])
         cos, sin = self.decoder.rotary_emb(x, self.position[:b, None])
-        mask = None if self.triton_attention else (self.valid[:b, :span] & (self.columns[:span] <= self.column))[:, None, None, :]
+        mask = None  # the Triton kernel reads the valid columns itself
+        if not self.triton_attention:
+            mask = (self.valid[:b, :span] & (self.columns[:span] <= self.column))[:, None, None, :]
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, x, cos, sin, self.rope)
             x = self._mlp(layer, x, self._attention(i, q, k, v, mask, b, span))

@@ -18,4 +18,5 @@ class ReferenceWorker:
         models.compile_layers(self.model, config.training.compile)
 
     def logprobs(self, batch: Batch) -> torch.Tensor:
-        return batched(lambda part: response_logprobs(self.model, part, self.temperature, packed=self.packed)[0], batch, self.micro)
+        return batched(lambda part: response_logprobs(self.model, part, self.temperature, packed=self.packed)[0],
+                       batch, self.micro)
