@@ -51,7 +51,8 @@ def test_ppo_under_ray_gives_the_local_metrics(demo_policy, tmp_path):
                      "--output", str(tmp_path / launcher), *SETTINGS)
         assert result.returncode == 0, result.stdout + result.stderr
         runs[launcher] = metrics(tmp_path / launcher)
-    assert len(runs["ray"]) == 3 and "loss/value" in runs["ray"][-1] and runs["ray"][-1]["kl"] > 0
+    # the k1 estimate of KL has either sign: not 0 says that a reference model was compared
+    assert len(runs["ray"]) == 3 and "loss/value" in runs["ray"][-1] and runs["ray"][-1]["kl"] != 0
     assert [sorted(r) for r in runs["ray"]] == [sorted(r) for r in runs["local"]]
     assert_same(runs["ray"], runs["local"])
     assert (tmp_path / "ray" / "checkpoints" / "step_00000002" / "COMPLETE").is_file()
