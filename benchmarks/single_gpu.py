@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -40,6 +41,9 @@ class GpuMemory:
 
     def __enter__(self):
         self.samples: list[float] = []
+        self.proc = None
+        if shutil.which("nvidia-smi") is None:  # a CPU machine: nothing to sample
+            return self
         self.proc = subprocess.Popen(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits",
                                       "-lms", "500"], stdout=subprocess.PIPE, text=True)
         self.thread = threading.Thread(target=self._read, daemon=True)
@@ -52,6 +56,8 @@ class GpuMemory:
                 self.samples.append(int(line) / 1024)
 
     def __exit__(self, *exc):
+        if self.proc is None:
+            return
         self.proc.terminate()
         self.thread.join(timeout=5)
 
