@@ -1,0 +1,37 @@
+"""The Triton decode-attention kernel (a CUDA kernel in rlx.engines.static_decode) run by
+Triton's interpreter on the CPU, against SDPA: grouped query heads padded to the kernel's
+tile, prompt padding that masks whole leading blocks, spans that end inside a block, and a
+batch smaller than the cache's rows."""
+
+import json
+import os
+import subprocess
+import sys
+
+CHECK = r"""
+import json, torch, torch.nn.functional as F
+from rlx.engines.decode_attention import decode_attention
+torch.manual_seed(0)
+diffs = []
+for b, rows, kv, groups, d, length, span, block in [(6, 8, 2, 7, 32, 200, 150, 64), (3, 3, 1, 4, 64, 90, 90, 32),
+                                                    (4, 5, 2, 1, 16, 130, 67, 64)]:
+    q = torch.randn(b, kv, groups, d)
+    keys, values = torch.randn(rows, kv, length, d), torch.randn(rows, kv, length, d)
+    pad = torch.randint(0, 70, (rows,))
+    pad[0] = 69  # more than a whole block of padding before the first real column
+    valid = torch.arange(length)[None] >= pad[:, None]
+    column = torch.tensor([span - 3])  # the span's last two columns are not written yet
+    out = decode_attention(q, keys, values, valid, column, span, d ** -0.5, block=block)
+    mask = (valid[:b, :span] & (torch.arange(span) <= column))[:, None, None, :]
+    want = F.scaled_dot_product_attention(q, keys[:b, :, :span], values[:b, :, :span], attn_mask=mask, scale=d ** -0.5)
+    diffs.append((out - want).abs().max().item())
+print(json.dumps(diffs))
+"""
+
+
+def test_kernel_matches_sdpa_under_the_interpreter():
+    result = subprocess.run([sys.executable, "-c", CHECK], env={**os.environ, "TRITON_INTERPRET": "1"},
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    diffs = json.loads(result.stdout.strip().splitlines()[-1])
+    assert len(diffs) == 3 and max(diffs) < 1e-5, diffs
