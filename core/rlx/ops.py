@@ -404,10 +404,12 @@ def clipped_value_loss(
     return 0.5 * clipped.maximum(unclipped), metrics
 
 
-def entropy_from_logits(logits: Tensor) -> Tensor:
-    """H = logsumexp(z) − Σ softmax(z)·z over the last dim, in at least float32."""
+def entropy_from_logits(logits: Tensor, lse: Tensor | None = None) -> Tensor:
+    """H = logsumexp(z) − Σ softmax(z)·z over the last dim, in at least float32; ``lse`` is
+    logsumexp(z) when the caller has it already."""
     logits = _at_least_f32(logits)
-    return logits.logsumexp(-1) - (logits.softmax(-1) * logits).sum(-1)
+    lse = logits.logsumexp(-1) if lse is None else lse
+    return lse - ((logits - lse.unsqueeze(-1)).exp() * logits).sum(-1)
 
 
 def token_logprobs(logits: Tensor, labels: Tensor, temperature: float = 1.0) -> Tensor:

@@ -119,7 +119,10 @@ def _stats(logits, labels, temperature: float, with_entropy: bool):
     scaled = logits.float() / temperature
     lse = scaled.logsumexp(-1)
     logp = scaled.gather(-1, labels[:, None]).squeeze(-1) - lse
-    return logp, lse, ops.entropy_from_logits(logits) if with_entropy else lse.new_zeros(0)
+    if not with_entropy:
+        return logp, lse, lse.new_zeros(0)
+    # at T = 1 the entropy's normaliser is the log-probs' own
+    return logp, lse, ops.entropy_from_logits(scaled, lse) if temperature == 1 else ops.entropy_from_logits(logits)
 
 
 def _logits_grad(logits, lse, labels, grad_logp, temperature: float):
