@@ -86,7 +86,7 @@ class TrainingConfig:
     micro_batch_size: int = opt(8, "samples per forward/backward pass; never changes the result")
     forward_micro_batch_size: int = opt(0, "samples per no-grad forward (log-probs, values); 0: 4 x micro_batch_size")
     compile: Literal["auto", "on", "off"] = opt(
-        "auto", "torch.compile each decoder layer; auto: on CUDA with the plain backend and no gradient checkpointing")
+        "auto", "torch.compile each decoder layer; auto: on CUDA with the plain backend, no LoRA and no gradient checkpointing")
     epochs: int = opt(1, "passes over the data: training rows (offline) or prompts (online); max_steps wins when set")
     max_steps: int = opt(0, "stop after this many optimizer steps (0: run all epochs)")
     packing: bool = opt(False, "pack several samples into one row without padding (SFT; the online policy and reference passes)")

@@ -208,12 +208,14 @@ def compile_layers(model, setting: str) -> None:
 
     Regional compilation: the layers share one compiled graph, built in seconds, which
     fuses the norms, the rotary embedding and the activation between the matmuls (on W1 the
-    update ran 1.3x faster). ``auto`` compiles on CUDA only, and not under gradient
-    checkpointing, whose recomputation replays the layer outside the compiled graph.
+    update ran 1.3x faster). ``auto`` compiles on CUDA only, and neither under gradient
+    checkpointing, whose recomputation replays the layer outside the compiled graph, nor
+    under LoRA, whose wrapped layers have not been measured compiled.
     """
     module = hf_module(model)
     device = next(module.parameters()).device
-    if setting == "off" or (setting == "auto" and (device.type != "cuda" or module.is_gradient_checkpointing)):
+    lora = hasattr(_unwrap_engine(model), "peft_config")
+    if setting == "off" or (setting == "auto" and (device.type != "cuda" or module.is_gradient_checkpointing or lora)):
         return
     base = getattr(module, module.base_model_prefix, module)
     for layer in getattr(base, "layers", None) or []:
