@@ -134,3 +134,15 @@ def test_a_deep_copy_keeps_its_own_weights(tokenizer, prompts):  # noqa: F811
     _, plain = engines(make_model(), tokenizer)
     params = SamplingParams(greedy=True, max_new_tokens=8)
     assert [c.token_ids for c in fast.generate(prompts, params)] == [c.token_ids for c in plain.generate(prompts, params)]
+
+
+def test_sleep_frees_the_cache_and_the_next_rollout_is_the_same(tokenizer, prompts):  # noqa: F811
+    fast, _ = engines(make_model(), tokenizer)
+    params = SamplingParams(n=3, max_new_tokens=10, seed=5)
+    first = fast.generate(prompts, params)
+    assert fast.static.rows > 0 and hasattr(fast.static, "keys")
+    fast.sleep()
+    assert fast.static.rows == 0 and not hasattr(fast.static, "keys")
+    again = fast.generate(prompts, params)
+    assert [c.token_ids for c in again] == [c.token_ids for c in first]
+    assert [lp for c in again for lp in c.logprobs] == pytest.approx([lp for c in first for lp in c.logprobs])

@@ -123,7 +123,8 @@ class RolloutConfig:
     tensor_parallel_size: int = opt(1, "vllm: devices each engine shards the model over")
     gpu_memory_utilization: float = opt(0.5, "vllm: share of its GPU's memory an engine may take (weights + KV cache)")
     enable_prefix_caching: bool = opt(True, "vllm: reuse the KV cache of shared prompt prefixes (reset after each sync)")
-    sleep: bool = opt(False, "vllm on GPUs: free the engines' memory while the policy trains (no sleep mode on CPUs)")
+    sleep: bool = opt(False, "free the rollout engines' memory while the policy trains: vLLM's on GPUs (no sleep mode "
+                             "on CPUs), the native engine's KV cache and CUDA graphs")
 
 
 @dataclass

@@ -103,6 +103,14 @@ class NativeEngine(RolloutEngine):
         self.pad_id = _pad_id(model, tokenizer, self.eos_ids)
         self.static = StaticDecoder(model, self.device, graphs=cuda_graphs) if supports(model) else None
 
+    def sleep(self) -> None:
+        """Free the decode loop's KV cache and CUDA graphs while the policy trains: the
+        next rollout allocates them and captures its graphs again."""
+        if self.static is not None:
+            self.static.release()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
     def update_weights(self, weights: torch.nn.Module | Mapping[str, torch.Tensor]) -> None:
         if weights is self.model:
             return

@@ -104,6 +104,15 @@ class StaticDecoder:
             self._host_logprobs = [torch.empty(size, dtype=torch.float32, pin_memory=True) for _ in range(2)]
             self._flip = 0
 
+    def release(self) -> None:
+        """Drop the cache, step state and graphs; the next ``run`` allocates and captures again."""
+        self.rows = self.length = self.max_new = 0
+        self._graphs.clear()
+        self._pool = None
+        for name in ("keys", "values", "valid", "columns", "token", "position", "column", "step", "out_tokens",
+                     "out_logprobs", "_host_tokens", "_host_logprobs"):
+            self.__dict__.pop(name, None)
+
     # -- one decode step ----------------------------------------------------------------
 
     def _forward(self, b: int, span: int, params, generator) -> None:
