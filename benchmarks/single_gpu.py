@@ -7,9 +7,10 @@ the same call:
 - log-prob pass: the policy worker's no-grad log-probs over the rollout's batch, tokens/s;
 - GRPO step: ``rlx train --algo grpo`` against TRL's ``GRPOTrainer`` (bf16 weights, no
   gradient checkpointing), each in its own process, with the GPU memory nvidia-smi reports
-  sampled every 0.5 s.
+  sampled every 0.5 s; ``grpo_sleep`` the same run with ``rollout.sleep=true`` (the
+  engine's cache and graphs freed while the policy trains).
 
-    python benchmarks/single_gpu.py [--parts rollout,logprobs,grpo,trl] [--steps 4] [--out DIR]
+    python benchmarks/single_gpu.py [--parts rollout,grpo,grpo_sleep,trl] [--steps 4] [--out DIR]
 
 Prints a table and writes ``single_gpu.json`` to ``--out``.
 """
@@ -182,6 +183,9 @@ def main() -> None:
             rollout_part(model_dir, data, results)
         if "grpo" in parts:
             results["rlx_grpo"] = rlx_grpo(workload, tmp / "rlx-run", args.steps)
+        if "grpo_sleep" in parts:  # the engine's cache and graphs freed while the policy trains
+            results["rlx_grpo_sleep"] = rlx_grpo([*workload, "--set", "rollout.sleep=true"], tmp / "rlx-sleep",
+                                                 args.steps)
         if "trl" in parts:
             results["trl_grpo"] = trl_grpo(model_dir, data, args.steps)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -112,7 +112,17 @@ def main() -> None:
     results["compile_s"] = time.perf_counter() - start
     record("train_fused_layers_compiled_micro16", timed(train)[0], 6)
     record("logprobs_fused_layers_compiled_micro64", timed(lambda: policy.logprobs(batch))[0], 2)
+    policy.t.micro_batch_size = 32
+    record("train_fused_layers_compiled_micro32", timed(train)[0], 6)
+    # 4x larger head chunks: more rows per softmax reduction (Inductor splits a reduction
+    # over few rows into passes that cannot use an online softmax)
+    policy.t.micro_batch_size = 16
+    chunk = forward._CHUNK_ELEMENTS
+    forward._CHUNK_ELEMENTS = chunk * 4
+    record("train_fused_layers_compiled_micro16_chunk4x", timed(train)[0], 6)
+    forward._CHUNK_ELEMENTS = chunk
 
+    policy.t.micro_batch_size = 16
     micro = batch.select(list(range(16)))
     with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
         policy.train_step(micro, token_count=micro.action_mask.sum().item(), seq_count=16, beta=0.0)
