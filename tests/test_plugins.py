@@ -1,5 +1,7 @@
 """The plugin host: discovery through entry points, selection, and loud failures."""
 
+import json
+import os
 import sys
 
 import pytest
@@ -46,13 +48,19 @@ def test_plugin_found_only_through_its_entry_point(site):
     assert host.plugins["rlx-fake-example"].version == "0.1.0"
 
 
-def test_duplicate_names_fail_naming_both_distributions(site):
+def test_duplicate_name_is_unusable_and_names_both_distributions(site, monkeypatch):
     make_dist(site, "rlx-fake-one", {"rlx_fake_one.py": EXAMPLE}, {"one": "rlx_fake_one"})
     make_dist(site, "rlx-fake-two", {"rlx_fake_two.py": EXAMPLE}, {"two": "rlx_fake_two"})
+    host = build_host()
+    assert "sft" in host.algorithms and "example_algo" not in host.algorithms
     with pytest.raises(RegistryError) as err:
-        build_host()
+        host.algorithms.get("example_algo")
     assert "rlx-fake-one" in str(err.value) and "rlx-fake-two" in str(err.value)
-    assert "example_algo" in str(err.value)
+    assert "RLX_DISABLE_PLUGINS" in str(err.value)
+    assert "example_algo" in host.failures["rlx-fake-one"] and "example_algo" in host.failures["rlx-fake-two"]
+
+    monkeypatch.setenv("RLX_DISABLE_PLUGINS", "rlx-fake-two")
+    assert build_host().algorithms.providers["example_algo"] == "rlx-fake-one"
 
 
 def test_broken_plugin_is_reported_and_others_load(site):
@@ -64,11 +72,51 @@ def test_broken_plugin_is_reported_and_others_load(site):
     assert "sft" in host.algorithms
 
 
-def test_misspelt_hook_fails_loudly(site):
-    source = "from rlx import hookimpl\n@hookimpl\ndef register_algorithm(register):\n    pass\n"
-    make_dist(site, "rlx-fake-typo", {"rlx_fake_typo.py": source}, {"typo": "rlx_fake_typo"})
-    with pytest.raises(PluginError, match="rlx-fake-typo"):
+BROKEN = {
+    "unknown hook": ("from rlx import hookimpl\n@hookimpl\ndef register_algorithm(register):\n    pass\n",
+                     "unknown hook 'register_algorithm'. Did you mean 'register_algorithms'?"),
+    "misspelt argument": ("from rlx import hookimpl\n@hookimpl\ndef register_algorithms(registr):\n    pass\n",
+                          "takes 'registr', which the hook does not pass; it passes (register). Did you mean 'register'?"),
+    "no hookimpl": ("def register_algorithms(register):\n    pass\n",
+                    "defines register_algorithms without @hookimpl"),
+    "raises": (EXAMPLE + "\n@hookimpl\ndef register_policy_losses(register):\n    raise KeyError('cfg')\n",
+               "register_policy_losses raised KeyError: 'cfg'"),
+    "bad name": ("from rlx import hookimpl\n@hookimpl\ndef register_samplers(register):\n    register(3, None)\n",
+                 "a component name must be a non-empty string, got 3"),
+}
+
+
+@pytest.mark.parametrize("case", BROKEN)
+def test_a_broken_plugin_is_left_out_with_its_reason(site, monkeypatch, case):
+    source, reason = BROKEN[case]
+    make_dist(site, "rlx-fake-bad", {"rlx_fake_bad.py": source}, {"bad": "rlx_fake_bad"})
+    host = build_host()
+    assert reason in host.failures["rlx-fake-bad"]
+    assert "rlx-fake-bad" not in host.plugins and "example_algo" not in host.algorithms  # nothing of it half-loaded
+    assert "grpo" in host.algorithms and host.plugins["rlx-grpo"].components
+    with pytest.raises(RegistryError, match="rlx-fake-bad .* failed to load"):
+        host.algorithms.get("example_algo")
+    monkeypatch.setenv("RLX_STRICT_PLUGINS", "1")
+    with pytest.raises(PluginError, match="rlx-fake-bad: "):
         build_host()
+
+
+def test_cli_keeps_working_and_names_the_broken_package(site):
+    from test_cli import rlx
+
+    make_dist(site, "rlx-fake-algo", {"rlx_fake_algo.py": "import not_a_module_anywhere\n"},
+              {"fake_algo": "rlx_fake_algo"})
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+    listed = rlx("plugins", "list", "--json", env=env)
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stderr.count("rlx-fake-algo") == 1 and "not_a_module_anywhere" in listed.stderr
+    assert json.loads(listed.stdout)["failed"] == [{"name": "rlx-fake-algo", "error": "failed to import rlx_fake_algo: "
+                                                    "ModuleNotFoundError: No module named 'not_a_module_anywhere'"}]
+    assert rlx("algos", "show", "grpo", env=env).returncode == 0
+    train = rlx("train", "--algo", "fake_algo", env=env)
+    assert train.returncode == 2 and "rlx-fake-algo is installed but failed to load" in train.stderr
+    strict = rlx("algos", "list", env={**env, "RLX_STRICT_PLUGINS": "1"})
+    assert strict.returncode == 2 and "RLX_STRICT_PLUGINS" in strict.stderr
 
 
 def test_load_and_disable_selection(monkeypatch):

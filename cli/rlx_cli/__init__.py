@@ -9,7 +9,7 @@ from typing import List, Optional
 
 import typer
 
-from rlx.plugins import PluginError, get_host
+from rlx.plugins import PluginError, get_host, report_failures
 from rlx.registry import RegistryError
 
 app = typer.Typer(help="rlx: RLHF research platform. `rlx train --algo grpo` runs the built-in demo.",
@@ -40,8 +40,7 @@ def _host(local: list[str] | None = None):
         host = get_host(tuple(local or ()))
     except (PluginError, RegistryError) as e:
         fail(str(e))
-    for dist, error in host.failures.items():
-        typer.secho(f"Warning: plugin {dist} failed to load: {error}", fg=typer.colors.YELLOW, err=True)
+    report_failures(host)
     return host
 
 
@@ -51,11 +50,18 @@ def _show(value) -> str:
 
 
 def unknown_algorithm(name: str, host) -> str:
-    installed = ", ".join(host.algorithms) or "none"
+    if name in getattr(host.algorithms, "conflicts", {}):
+        return host.algorithms.conflict_message(name)
+    failures = getattr(host, "failures", {})
     package = FIRST_PARTY.get(name)
+    if package in failures:
+        return f"algorithm {name!r} is provided by {package}, which is installed but failed to load: {failures[package]}"
+    installed = ", ".join(host.algorithms) or "none"
     where = (f"It is provided by {package}: pip install {package} (or pip install -e plugins/algorithms/...)."
              if package else f"No known package provides it; a plugin would register it through the 'rlx' entry points.")
-    return f"algorithm {name!r} is not installed. Installed: {installed}. {where}"
+    broken = "".join(f" {dist} is installed but failed to load, and may provide it: {reason}."
+                     for dist, reason in failures.items())
+    return f"algorithm {name!r} is not installed. Installed: {installed}. {where}{broken}"
 
 
 @app.command()
@@ -177,12 +183,19 @@ def algos_show(name: str):
 
 
 def main() -> None:
-    # Plugins may add commands; a broken plugin must not break the CLI.
+    # Plugins may add commands; one broken plugin must not break the CLI.
     try:
         host = get_host()
-        host.hook.register_commands(app=app)
-    except (PluginError, RegistryError) as e:
+    except (PluginError, RegistryError) as e:  # RLX_STRICT_PLUGINS, or a local plugin
         typer.secho(f"Error: {e}", fg=typer.colors.RED, err=True)
         if sys.argv[1:2] != ["--help"]:
             raise SystemExit(2)
+        host = None
+    for impl in host.hook.register_commands.get_hookimpls() if host else []:
+        try:
+            impl.function(app=app)
+        except Exception as e:
+            dist = impl.plugin_name.split(":")[0]
+            typer.secho(f"Warning: plugin {dist} failed in register_commands: {type(e).__name__}: {e}",
+                        fg=typer.colors.YELLOW, err=True)
     app()

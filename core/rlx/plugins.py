@@ -8,8 +8,10 @@ prints every hook call.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.util
+import inspect
 import os
 import sys
 from dataclasses import dataclass, field
@@ -20,7 +22,7 @@ from typing import Any
 import pluggy
 
 from rlx import hookspecs
-from rlx.registry import Registry, RegistryError
+from rlx.registry import Registry
 from rlx.errors import PluginError
 
 GROUP = "rlx"
@@ -42,6 +44,8 @@ REGISTRIES = {
     "register_vlm_processors": "VLM processor",
     "register_tasks": "task",
 }
+
+HOOKS = {name for name, fn in vars(hookspecs).items() if hasattr(fn, "rlx_spec")}
 
 
 @dataclass
@@ -115,11 +119,76 @@ def load_object(spec: str, what: str = "local plugin") -> Any:
     return obj
 
 
+def _hint(word: str, choices) -> str:
+    match = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" Did you mean {match[0]!r}?" if match else ""
+
+
+def _hook_problem(pm: pluggy.PluginManager, obj: Any) -> str | None:
+    """Why ``obj`` cannot be registered as it is (an unknown hook, a misspelt argument, a
+    hook function left unmarked), or None. pluggy would only raise a bare validation error
+    for the first two and silently ignore the third."""
+    options = {name: pm.parse_hookimpl_opts(obj, name) for name in dir(obj)}
+    marked = {name: opts.get("specname") or name for name, opts in options.items() if opts is not None}
+    for attr, hook in marked.items():
+        if hook not in HOOKS:
+            return f"implements an unknown hook {hook!r}.{_hint(hook, HOOKS)}"
+        spec_args = getattr(pm.hook, hook).spec.argnames
+        try:
+            impl_args = [a for a in inspect.signature(getattr(obj, attr)).parameters if a != "self"]
+        except (TypeError, ValueError):
+            continue
+        for arg in impl_args:
+            if arg not in spec_args:
+                return (f"{attr}({', '.join(impl_args)}) takes {arg!r}, which the hook does not pass; it passes "
+                        f"({', '.join(spec_args)}).{_hint(arg, spec_args)}")
+    for hook in sorted(HOOKS - set(marked.values())):
+        if callable(getattr(obj, hook, None)):
+            return f"defines {hook} without @hookimpl, so it would be ignored: mark it with @rlx.hookimpl"
+    return None
+
+
+def _register(pm: pluggy.PluginManager, obj: Any, name: str) -> str | None:
+    """Register ``obj`` with pluggy; the reason it cannot be, or None."""
+    problem = _hook_problem(pm, obj)
+    if problem:
+        return problem
+    try:
+        pm.register(obj, name=name)
+    except (pluggy.PluginValidationError, ValueError) as e:
+        return str(e)
+    return None
+
+
+def _collect(pm: pluggy.PluginManager, obj: Any) -> list[tuple[str, str, Any]]:
+    """(hook, name, component) for everything ``obj``'s registration hooks register."""
+    staged: list[tuple[str, str, Any]] = []
+    for hook in REGISTRIES:
+        for impl in getattr(pm.hook, hook).get_hookimpls():
+            if impl.plugin is not obj:
+                continue
+
+            def register(name: str, component: Any, _h=hook) -> None:
+                if not isinstance(name, str) or not name:
+                    raise PluginError(f"{_h}: a component name must be a non-empty string, got {name!r}")
+                staged.append((_h, name, component))
+
+            try:
+                impl.function(**{arg: register for arg in impl.argnames})
+            except Exception as e:
+                raise PluginError(f"{hook} raised {type(e).__name__}: {e}") from e
+    return staged
+
+
 def build_host(local_plugins: list[str] | tuple[str, ...] = ()) -> Host:
     """Load every selected plugin and fill the registries.
 
-    A plugin that fails to import is recorded under its distribution name and the
-    rest still load. Duplicate component names raise, naming both providers.
+    One plugin's failure never stops the others: a distribution that fails to import,
+    implements an unknown hook, takes an argument its hook does not pass, leaves a hook
+    function unmarked or raises while registering is left out and recorded in
+    ``failures`` (distribution -> reason). A name two plugins register is unusable, and
+    both are named. ``RLX_STRICT_PLUGINS=1`` turns any of these into a ``PluginError``
+    (for CI). A local plugin (``--plugin``) was asked for by name: its failure raises.
     """
     pm = pluggy.PluginManager(GROUP)
     pm.add_hookspecs(hookspecs)
@@ -128,15 +197,24 @@ def build_host(local_plugins: list[str] | tuple[str, ...] = ()) -> Host:
         pm.enable_tracing()
 
     only, disabled = _split_env("RLX_LOAD_PLUGINS"), _split_env("RLX_DISABLE_PLUGINS") or set()
-    plugins: dict[str, PluginInfo] = {}
+    plugins: dict[str, PluginInfo] = {"rlx": PluginInfo("rlx", metadata.version("rlx"))}
     failures: dict[str, str] = {}
-    owner: dict[int, str] = {}
+    loaded: list[tuple[str, Any]] = []  # (provider, plugin object), in load order
+
+    def admit(provider: str, obj: Any, name: str, version: str | None, strict: bool) -> None:
+        if pm.is_registered(obj):
+            return
+        problem = _register(pm, obj, name)
+        if problem is None:
+            loaded.append((provider, obj))
+            plugins.setdefault(provider, PluginInfo(provider, version))
+        elif strict:
+            raise PluginError(f"plugin {provider} {problem}")
+        else:
+            failures[provider] = problem
 
     for module in DEFAULT_PLUGINS:
-        obj = importlib.import_module(module)
-        pm.register(obj, name=module)
-        owner[id(obj)] = "rlx"
-    plugins["rlx"] = PluginInfo("rlx", metadata.version("rlx"))
+        admit("rlx", importlib.import_module(module), module, None, strict=True)
 
     for ep in _entry_points():
         dist = ep.dist.name if ep.dist else ep.value
@@ -145,48 +223,54 @@ def build_host(local_plugins: list[str] | tuple[str, ...] = ()) -> Host:
         try:
             obj = ep.load()
         except Exception as e:
-            failures[dist] = f"{type(e).__name__}: {e}"
+            failures[dist] = f"failed to import {ep.value}: {type(e).__name__}: {e}"
             continue
-        if pm.is_registered(obj):
-            continue
-        pm.register(obj, name=f"{dist}:{ep.name}")
-        owner[id(obj)] = dist
-        plugins.setdefault(dist, PluginInfo(dist, ep.dist.version if ep.dist else None))
+        admit(dist, obj, f"{dist}:{ep.name}", ep.dist.version if ep.dist else None, strict=False)
 
     for spec in local_plugins:
-        obj = load_object(spec)
-        if not pm.is_registered(obj):
-            pm.register(obj, name=spec)
-            owner[id(obj)] = spec
-            plugins.setdefault(spec, PluginInfo(spec, None))
+        admit(spec, load_object(spec), spec, None, strict=True)
 
-    try:
-        pm.check_pending()
-    except pluggy.PluginValidationError as e:
-        name = owner.get(id(e.plugin), pm.get_name(e.plugin))
-        raise PluginError(f"plugin {name} implements an unknown hook: {e}") from e
+    registries = {hook: Registry(kind, failed=failures) for hook, kind in REGISTRIES.items()}
+    objects: dict[str, list[Any]] = {}
+    for provider, obj in loaded:
+        objects.setdefault(provider, []).append(obj)
+    for provider, objs in objects.items():
+        try:
+            staged = [item for obj in objs for item in _collect(pm, obj)]
+        except PluginError as e:
+            if provider == "rlx" or provider in local_plugins:
+                raise PluginError(f"plugin {provider}: {e}") from e
+            failures[provider] = str(e)
+            for obj in objs:
+                pm.unregister(obj)
+            del plugins[provider]
+            continue
+        info = plugins[provider]
+        info.hooks = sorted({h.name for obj in objs for h in pm.get_hookcallers(obj) or []})
+        for hook, name, component in staged:
+            registries[hook].add(name, component, provider)
+            info.components.setdefault(hook.removeprefix("register_"), []).append(name)
 
-    for plugin in pm.get_plugins():
-        info = plugins[owner[id(plugin)]]
-        info.hooks.extend(sorted(h.name for h in pm.get_hookcallers(plugin) or []))
+    for registry in registries.values():
+        for name, providers in registry.conflicts.items():
+            for provider in dict.fromkeys(providers):
+                failures[provider] = "; ".join(filter(None, [failures.get(provider), registry.conflict_message(name)]))
 
-    registries = {hook: Registry(kind) for hook, kind in REGISTRIES.items()}
-    for hook, registry in registries.items():
-        caller = getattr(pm.hook, hook)
-        for impl in caller.get_hookimpls():
-            provider = owner[id(impl.plugin)]
-
-            def register(name: str, component: Any, _r=registry, _p=provider, _h=hook) -> None:
-                _r.add(name, component, _p)
-                plugins[_p].components.setdefault(_h.removeprefix("register_"), []).append(name)
-
-            try:
-                impl.function(register=register)
-            except RegistryError:
-                raise
-            except Exception as e:
-                raise PluginError(f"plugin {provider} failed in {hook}: {type(e).__name__}: {e}") from e
+    if failures and os.environ.get("RLX_STRICT_PLUGINS", "0") not in ("", "0"):
+        raise PluginError("plugins failed (RLX_STRICT_PLUGINS is set): "
+                          + "; ".join(f"{dist}: {reason}" for dist, reason in failures.items()))
     return Host(pm, registries, plugins, failures)
+
+
+_reported: set[tuple[str, str]] = set()
+
+
+def report_failures(host: Host) -> None:
+    """Warn on stderr about each failed plugin, once per process."""
+    for dist, reason in host.failures.items():
+        if (dist, reason) not in _reported:
+            _reported.add((dist, reason))
+            print(f"Warning: plugin {dist} was left out: {reason}", file=sys.stderr)
 
 
 _host: Host | None = None
