@@ -1,4 +1,4 @@
-"""rlx.ops against numbers worked out by hand from ALGORITHMS.md."""
+"""rlx.ops against numbers worked out by hand from docs/algorithms/README.md."""
 
 import math
 import subprocess

@@ -81,6 +81,8 @@ BROKEN = {
                     "defines register_algorithms without @hookimpl"),
     "raises": (EXAMPLE + "\n@hookimpl\ndef register_policy_losses(register):\n    raise KeyError('cfg')\n",
                "register_policy_losses raised KeyError: 'cfg'"),
+    "online spec without config": (EXAMPLE.replace('loop="offline"', 'loop="online", estimator="group_norm", '
+                                                   'policy_loss="ppo_clip"'), "an online algorithm needs config="),
     "bad name": ("from rlx import hookimpl\n@hookimpl\ndef register_samplers(register):\n    register(3, None)\n",
                  "a component name must be a non-empty string, got 3"),
 }

@@ -14,8 +14,19 @@ class AlgorithmSpec:
     ``loop`` picks the trainer: ``"offline"`` (SFT, reward models, DPO, KTO) or
     ``"online"`` (PPO, GRPO ...). ``data`` names the row format the offline loop reads:
     ``"sft"`` (prompt + response or messages), ``"pairs"`` (prompt, chosen, rejected)
-    or ``"unpaired"`` (prompt, completion, desirable flag). ``head`` is ``"lm"`` for a
-    causal LM and ``"value"`` for a model with a scalar head (reward models).
+    or ``"unpaired"`` (prompt, completion, desirable flag); online algorithms read
+    ``"prompts"``. ``head`` is ``"lm"`` for a causal LM and ``"value"`` for a model with a
+    scalar head (reward models).
+
+    ``config`` is the algorithm's config dataclass: its fields are the ``algorithm.*`` keys.
+    An online algorithm must give one that subclasses ``rlx.config.OnlineConfig`` (the
+    online loop reads its fields) and name an ``estimator`` and a ``policy_loss``.
+    ``estimator``, ``policy_loss``, ``value_loss`` and ``preference_loss`` are registered
+    names (of any plugin: naming another plugin's part makes yours depend on it).
+    ``needs_reference`` loads a frozen reference model. ``defaults`` maps dotted keys
+    (``"training.lr"``, ``"algorithm.n_samples"``) to the values of the algorithm's demo;
+    they apply only on the demo's data. A spec that breaks these rules raises
+    ``PluginError`` when it is made.
     """
 
     name: str
@@ -30,6 +41,13 @@ class AlgorithmSpec:
     preference_loss: str | None = None
     needs_reference: bool = False
     defaults: dict[str, Any] = field(default_factory=dict)  # dotted overrides of the run config
+
+    def __post_init__(self) -> None:
+        # checked where the spec is made, so a plugin with a bad spec is reported when it
+        # loads (with its distribution) instead of failing a run halfway
+        from rlx.config import check_spec
+
+        check_spec(self)
 
 
 @dataclass
@@ -89,3 +107,21 @@ def call_with_accepted(fn: Callable, *args, **kwargs):
         names = {p.name for p in params}
         kwargs = {k: v for k, v in kwargs.items() if k in names}
     return fn(*args, **kwargs)
+
+
+def check_loss_output(kind: str, name: str, loss: Any, metrics: Any, mask: Any) -> None:
+    """Fail, naming the loss and the key, when a registered loss breaks its contract:
+    a per-token loss shaped like ``mask`` and a dict of scalar metrics (floats or 0-d
+    tensors; the loop sums them over micro-batches and ranks)."""
+    from rlx.errors import PluginError
+
+    if getattr(loss, "shape", None) != mask.shape:
+        raise PluginError(f"{kind} {name!r} returned a loss of shape {tuple(getattr(loss, 'shape', ()))}; "
+                          f"it must be per token, shaped like the mask {tuple(mask.shape)}")
+    if not isinstance(metrics, dict):
+        raise PluginError(f"{kind} {name!r} returned metrics of type {type(metrics).__name__}, not a dict")
+    for key, value in metrics.items():
+        if not (isinstance(value, (int, float)) or getattr(value, "numel", lambda: 0)() == 1):
+            shape = tuple(getattr(value, "shape", ()))
+            raise PluginError(f"{kind} {name!r} returned metric {key!r} of shape {shape or type(value).__name__}; "
+                              f"a metric must be a scalar (a float or a 0-d tensor, e.g. ops.masked_mean(x, mask))")

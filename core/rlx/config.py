@@ -329,9 +329,40 @@ def resolve(spec, tree: dict) -> RunConfig:
     algorithm = merged.pop("algorithm", None)
     merged["algo"] = spec.name
     config = build(RunConfig, merged)
+    if spec.config is object and algorithm:
+        key = f"algorithm.{next(iter(algorithm))}" if isinstance(algorithm, dict) else "algorithm"
+        raise ConfigError(f"unknown config key {key!r}: {spec.name} has no algorithm.* settings (its AlgorithmSpec "
+                          f"names no config class)")
     config.algorithm = build(spec.config, algorithm, "algorithm") if spec.config is not object else None
     validate(config)
     return config
+
+
+def check_spec(spec) -> None:
+    """Fail, naming the field or key, on an ``AlgorithmSpec`` the loops cannot run."""
+    from rlx.errors import PluginError
+
+    def bad(message: str) -> PluginError:
+        return PluginError(f"AlgorithmSpec {spec.name!r}: {message}")
+
+    if spec.loop not in ("online", "offline"):
+        raise bad(f"loop is {spec.loop!r}, not 'online' or 'offline'")
+    if spec.config is not object and not dataclasses.is_dataclass(spec.config):
+        raise bad(f"config={spec.config!r} is not a dataclass (its fields are the algorithm.* keys)")
+    if spec.loop == "online":
+        if not (isinstance(spec.config, type) and issubclass(spec.config, OnlineConfig)):
+            raise bad("an online algorithm needs config=, a dataclass subclassing rlx.config.OnlineConfig "
+                      "(the online loop reads its algorithm.* keys)")
+        for part in ("estimator", "policy_loss"):
+            if not getattr(spec, part):
+                raise bad(f"an online algorithm names its {part} (a registered name)")
+    keys = [key for key, *_ in describe_fields(RunConfig)]
+    if spec.config is not object:
+        keys += [key for key, *_ in describe_fields(spec.config, "algorithm.")]
+    for key in spec.defaults:
+        if key not in keys:
+            hint = difflib.get_close_matches(key, keys, n=1)
+            raise bad(f"defaults name an unknown key {key!r}." + (f" Did you mean {hint[0]!r}?" if hint else ""))
 
 
 def demo_data(spec) -> str:

@@ -1,6 +1,6 @@
 """The online loop: rollout → reward → advantage → update.
 
-One step of this loop, as ALGORITHMS.md lays it out:
+One step of this loop, as docs/algorithms/README.md lays it out:
 
 1. take ``rollout_batch_size`` prompts and sample ``n_samples`` responses for each;
 2. score them (reward functions and/or a reward model); a sampler may reject groups

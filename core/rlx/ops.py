@@ -1,9 +1,10 @@
 """The shared maths of every rlx algorithm: masked statistics, reward shaping, returns,
 advantages, KL estimators, loss aggregation and the policy, value and preference losses.
 
-Each function cites the step of ALGORITHMS.md it implements. Shapes: ``[B, T]`` is a
-batch of B responses of T action tokens, right-padded; ``mask`` is 1 on tokens that
-get a gradient and 0 on padding and on tool/environment tokens inside a response.
+Each function cites the step of docs/algorithms/README.md it implements. Shapes:
+``[B, T]`` is a batch of B responses of T action tokens, right-padded; ``mask`` is 1 on
+tokens that get a gradient and 0 on padding and on tool/environment tokens inside a
+response.
 
 Importing this module must not import torch (plugins that ``rlx plugins list`` loads
 import it), so the maths is written with tensor methods only.

@@ -85,12 +85,18 @@ class NativeEngine(RolloutEngine):
     others with transformers' growing cache, rows leaving the batch as they finish.
 
     Log-probs are taken under softmax(logits / T) before top-k/top-p truncation, the
-    distribution the trainer recomputes (ALGORITHMS.md: training log-probs use
-    logits / temperature); greedy decoding reports them at T = 1 when temperature is 0.
+    distribution the trainer recomputes (docs/algorithms/README.md: training log-probs
+    use logits / temperature); greedy decoding reports them at T = 1 when temperature
+    is 0.
 
     A stop string ends the completion at the token that completes it: ``token_ids``
     and ``logprobs`` keep every sampled token, ``text`` keeps the stop string and drops
     whatever that last token decoded to after it.
+
+    Prompts with images (``inputs``) are prefilled with their image tensors and their
+    multi-axis positions (M-RoPE) and then decode in the plain transformers loop, the
+    response's positions continuing from the prompt's largest: the static decoder's
+    rotary embedding is 1-D.
     """
 
     def __init__(self, model: Any, tokenizer: Any, *, device: str | torch.device | None = None, max_batch_size: int = 64,

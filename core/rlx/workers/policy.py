@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from rlx import models, ops
-from rlx.algorithm import call_with_accepted
+from rlx.algorithm import call_with_accepted, check_loss_output
 from rlx.batch import Batch
 from rlx.checkpoint import load_checkpoint, save_checkpoint
 from rlx.engine import make_engine, save_hf
@@ -26,6 +26,7 @@ class PolicyWorker:
         torch.manual_seed(self.t.seed)  # the same weights wherever a launcher builds this worker
         self.engine = make_engine(models.load_causal_lm(config.model, device), self.t, total_steps=total_steps,
                                   micro_steps_per_step=micro_steps)
+        self.loss_name = spec.policy_loss
         self.policy_loss = host.get("register_policy_losses", spec.policy_loss)
         name = getattr(self.a, "off_policy_correction", "")
         self.correction = host.get("register_off_policy_corrections", name) if name else None
@@ -76,6 +77,7 @@ class PolicyWorker:
                 measured = {"rollout/logp_diff": ops.masked_mean(diff, mask) * share, "rollout/logp_diff_max": diff.max()}
         per_token, extra = call_with_accepted(self.policy_loss, logp, old_logp, micro.advantages, mask,
                                               config=a, rollout_logp=micro.rollout_logp)
+        check_loss_output("policy loss", self.loss_name, per_token, extra, mask)
         if self.correction is not None:
             per_token, corrected = self.correction(per_token, old_logp, micro.rollout_logp, mask, config=a)
             extra = {**extra, **corrected}

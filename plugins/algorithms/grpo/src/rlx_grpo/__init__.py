@@ -3,7 +3,7 @@
 GRPO: the advantage of sample i of a group of n is (r_i − mean_G r)/(std_G r + 1e-9)
 (unbiased std), broadcast to every response token; no critic, no whitening; the
 PPO-clip policy loss, token-mean over the optimizer step. KL, when on, is a loss term
-(``algorithm.kl_loss``) or a reward penalty, as ALGORITHMS.md describes.
+(``algorithm.kl_loss``) or a reward penalty, as docs/algorithms/README.md describes.
 
 Dr.GRPO (Liu et al. 2025): r_i − mean_G r without the std division, and the loss
 normalised by a constant length (``seq_mean_token_sum_norm``) instead of each
