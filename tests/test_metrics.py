@@ -1,6 +1,7 @@
 import json
 import math
 
+import pytest
 import torch
 
 from rlx.config import LoggingConfig
@@ -71,3 +72,49 @@ def test_progress_bar_shows_step_and_metrics(tmp_path, capsys):
         logger.log(2, {"loss": 0.125, "reward/mean": 0.75, "tokens_per_s": 1234.0})
     err = capsys.readouterr().err
     assert "2/4" in err and "loss=0.125" in err and "reward=0.75" in err and "tok/s=1234" in err
+
+
+def test_pick_samples_spreads_over_the_batch():
+    from rlx.metrics import pick_samples
+
+    rows = pick_samples([f"p{i // 4}" for i in range(16)], [f"c{i}" for i in range(16)], [float(i) for i in range(16)],
+                        [math.inf] + [0.5] * 15, count=4)
+    assert [r["completion"] for r in rows] == ["c0", "c4", "c8", "c12"]  # one sample of each prompt's group
+    assert rows[1] == {"prompt": "p1", "completion": "c4", "reward": 4.0, "advantage": 0.5}
+    assert rows[0]["advantage"] is None  # non-finite, as in metrics.jsonl
+    assert len(pick_samples(["p"], ["c"], [1.0], [0.0], count=4)) == 1
+
+
+def test_samples_every_n_steps_survive_a_resume(tmp_path):
+    cfg = LoggingConfig(tensorboard=False, progress=False, samples_every=2)
+    sample = [{"prompt": "1+1=", "completion": "2", "reward": 1.0, "advantage": 0.5}]
+
+    def run(start_step, last_step):
+        with RunLogger(tmp_path, cfg, total_steps=5, start_step=start_step) as logger:
+            for step in range(start_step + 1, last_step + 1):
+                if logger.samples_due(step):
+                    logger.log_samples(step, [{**sample[0], "completion": f"{step}"}])
+
+    run(0, 4)  # killed after step 4
+    with open(tmp_path / "samples.jsonl", "a") as f:
+        f.write('{"step": 5, "prompt"')  # cut short by the kill
+    run(2, 5)  # resumed from the checkpoint of step 2
+    rows = _rows(tmp_path / "samples.jsonl")
+    assert [(r["step"], r["completion"]) for r in rows] == [(2, "2"), (4, "4"), (5, "5")]
+    assert rows[0] == {"step": 2, "prompt": "1+1=", "completion": "2", "reward": 1.0, "advantage": 0.5}
+
+
+def test_unknown_logger_names_its_package(tmp_path):
+    from rlx.config import ConfigError
+    from rlx.metrics import check_loggers
+    from rlx.plugins import build_host
+
+    host = build_host()
+    with pytest.raises(ConfigError, match=r"logging.loggers: unknown logger 'tensorbord'. Did you mean 'tensorboard'"):
+        check_loggers(LoggingConfig(loggers=["tensorbord"]), host)
+    with pytest.raises(ConfigError, match=r"logging.logger_options.wandb: no logger 'wandb' is chosen"):
+        check_loggers(LoggingConfig(logger_options={"wandb": {"mode": "offline"}}), host)
+    with pytest.raises(ConfigError, match="the TensorBoard logger takes no options"):
+        RunLogger(tmp_path, LoggingConfig(progress=False, logger_options={"tensorboard": {"x": 1}}), total_steps=1,
+                  host=host)
+    assert (tmp_path / "metrics.jsonl").exists() and not (tmp_path / "tensorboard").exists()

@@ -83,6 +83,7 @@ def train(
 ):
     """Train a model with an installed algorithm."""
     from rlx.config import ConfigError, demo_settings, load_yaml, parse_override, resolve, set_dotted
+    from rlx.metrics import check_loggers
 
     try:
         tree = load_yaml(config) if config else {}
@@ -102,6 +103,7 @@ def train(
             set_dotted(tree, *parse_override(text))
         tree["plugins"] = local
         run_config = resolve(spec, tree)
+        check_loggers(run_config.logging, host)
     except ConfigError as e:
         fail(str(e))
     demo = demo_settings(spec, tree)
@@ -115,6 +117,34 @@ def train(
         run(run_config, host, resume=resume)
     except RunError as e:
         fail(str(e), code=1)
+
+
+@app.command()
+def report(
+    runs: List[str] = typer.Argument(..., help="run folders, each holding a metrics.jsonl; several are overlaid"),
+    output: Optional[str] = typer.Option(
+        None, "--output", "-o", help="folder for report.png and report.html (default: the run folder for one "
+                                     "run, ./report for several)"),
+):
+    """Plot runs' curves (reward, KL, entropy, length, losses ...) into report.png and report.html."""
+    from rlx.errors import DataError
+    from rlx.report import load_runs, sample_line, write_report
+
+    try:
+        loaded = load_runs(runs)
+    except DataError as e:
+        fail(str(e), code=1)
+    written = write_report(loaded, output or (runs[0] if len(runs) == 1 else "report"))
+    typer.echo(f"wrote {written.png} and {written.html}; panels: {', '.join(written.panels)}")
+    for name, titles in written.missing.items():
+        if titles:
+            typer.echo(f"{name}: no metrics for {', '.join(titles)}")
+    for run in loaded:
+        latest = run.latest_samples()
+        if latest:
+            typer.echo(f"latest samples of {run.name} (step {latest[0]['step']}):")
+            for sample in latest:
+                typer.echo(f"  {sample_line(sample)}")
 
 
 @plugins_app.command("list")

@@ -107,6 +107,13 @@ class LoggingConfig:
     tensorboard: bool = opt(True, "write TensorBoard event files")
     progress: bool = opt(True, "show a progress bar")
     log_every: int = opt(1, "write metrics every N steps")
+    loggers: list[str] = opt([], "more loggers by registered name, e.g. wandb (pip install rlx-wandb); "
+                                 "TensorBoard is logging.tensorboard")
+    logger_options: dict[str, Any] = opt({}, "each logger's options by its name, e.g. {wandb: {project: rlx, "
+                                             "mode: offline}}")
+    samples_every: int = opt(5, "online: write a few samples (prompt, completion, reward, advantage) to "
+                                "samples.jsonl and the loggers every N steps and at the last (0: never)")
+    samples_count: int = opt(4, "samples written each time, spread over the step's prompts")
 
 
 @dataclass
@@ -420,7 +427,12 @@ def validate(config: RunConfig) -> None:
         (len(t.adam_betas) == 2, "training.adam_betas needs two numbers"),
         (config.data.max_length > 0, "data.max_length must be positive"),
         (config.model.lora.rank >= 0, "model.lora.rank must not be negative"),
+        (config.logging.samples_every >= 0, "logging.samples_every must be 0 (never) or positive"),
+        (config.logging.samples_count > 0, "logging.samples_count must be positive"),
     ]
+    for name, options in config.logging.logger_options.items():
+        if not isinstance(options, dict):
+            raise ConfigError(f"logging.logger_options.{name}: expected a mapping of options, got {options!r}")
     for ok, message in checks:
         if not ok:
             raise ConfigError(message)

@@ -93,6 +93,16 @@ def register_tasks(register: Register) -> None:
 
 
 @hookspec
+def register_loggers(register: Register) -> None:
+    """Register run loggers, chosen with ``logging.loggers``: ``register(name, factory)``,
+    where ``factory(output_dir, options, *, start_step) -> logger`` opens one on rank 0 for
+    a run (``options``: the dict ``logging.logger_options[name]``; ``start_step`` > 0 when
+    the run resumes) and the logger has ``log(step, metrics)`` (name -> float, or None for
+    a non-finite value), optionally ``log_samples(step, rows)`` (dicts with prompt,
+    completion, reward, advantage) and ``close()``."""
+
+
+@hookspec
 def register_commands(app: Any) -> None:
     """Add sub-commands to the ``rlx`` typer application."""
 

@@ -95,7 +95,7 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
         checkpoints = out / "checkpoints"
         step = resume_latest(checkpoints, lambda path: policy.wait("load", path), log) if resume else 0
 
-        logger = RunLogger(out, config.logging, total, start_step=step, rank=policy.wait("rank"))
+        logger = RunLogger(out, config.logging, total, start_step=step, rank=policy.wait("rank"), host=host)
         metrics: dict[str, float] = {}
         try:
             while step < total:

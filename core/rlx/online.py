@@ -37,7 +37,7 @@ from rlx.checkpoint import resume_latest
 from rlx.config import RunConfig
 from rlx.errors import RunError
 from rlx.launch import make_launcher
-from rlx.metrics import RunLogger, add_shares
+from rlx.metrics import RunLogger, add_shares, pick_samples
 from rlx.rollout import SamplingParams
 from rlx.workers.critic import CriticWorker
 from rlx.workers.forward import minibatches
@@ -263,7 +263,7 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
                         shutil.rmtree(old, ignore_errors=True)
 
         rank = policy.wait("rank")
-        logger = RunLogger(out, config.logging, total, start_step=step, rank=rank)
+        logger = RunLogger(out, config.logging, total, start_step=step, rank=rank, host=host)
         pass_score = a.eval_pass_score
         if step == 0 and eval_prompts:
             before = evaluate(eval_prompts, generate, score, r, a.eval_k, pass_score)
@@ -348,6 +348,11 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
                 metrics.update(evaluated)
                 host.hook.on_eval_end(step=step, metrics=evaluated)
             logger.log(step, metrics)
+            if logger.samples_due(step):
+                prompt_texts = [p["prompt_text"] for p in batch_prompts for _ in range(a.n_samples)]
+                advantages = ops.masked_mean(batch.advantages, batch.action_mask, dim=-1).tolist()
+                logger.log_samples(step, pick_samples(prompt_texts, [c.text for c in completions],
+                                                      raw_rewards.tolist(), advantages, config.logging.samples_count))
             host.hook.on_step_end(step=step, metrics=metrics)
             if config.checkpoint.every and step % config.checkpoint.every == 0 and step < total:
                 checkpoint()

@@ -28,7 +28,7 @@ from rlx.errors import PluginError
 GROUP = "rlx"
 
 # Core modules that register built-in components through the same hooks plugins use.
-DEFAULT_PLUGINS = ["rlx.tasks", "rlx.losses"]
+DEFAULT_PLUGINS = ["rlx.tasks", "rlx.losses", "rlx.loggers"]
 
 # registration hook name -> registry kind
 REGISTRIES = {
@@ -43,6 +43,7 @@ REGISTRIES = {
     "register_samplers": "sampler",
     "register_vlm_processors": "VLM processor",
     "register_tasks": "task",
+    "register_loggers": "logger",
 }
 
 HOOKS = {name for name, fn in vars(hookspecs).items() if hasattr(fn, "rlx_spec")}

@@ -1,0 +1,138 @@
+"""Seeing a run: samples.jsonl and TensorBoard text, and `rlx report`'s figures, overlays and errors."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import pytest
+
+from e2e import metrics, one_thread, rlx, train  # noqa: F401 (one_thread: autouse)
+
+STEPS = 3
+GRPO = {"training.max_steps": STEPS, "algorithm.rollout_batch_size": 4, "algorithm.n_samples": 4,
+        "training.batch_size": 16, "training.micro_batch_size": 16, "algorithm.eval_size": 8,
+        "logging.tensorboard": True, "logging.samples_every": 2, "logging.samples_count": 3}
+PANELS = ["Reward", "KL", "Entropy", "Response length", "Clip fraction", "Loss", "Throughput (tokens/s)"]
+ONLINE_ONLY = ["Reward", "KL", "Entropy", "Response length", "Clip fraction"]
+
+
+@pytest.fixture(scope="module")
+def grpo_run(demo_policy, tmp_path_factory):
+    out = tmp_path_factory.mktemp("report") / "grpo-run"
+    train("grpo", out, **GRPO)
+    return out
+
+
+@pytest.fixture(scope="module")
+def sft_run(tiny_model_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("report") / "sft-run"
+    train("sft", out, **{"model.path": tiny_model_dir, "training.max_steps": STEPS})
+    return out
+
+
+def samples(out) -> list[dict]:
+    return [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+
+
+def test_samples_jsonl_every_n_steps_and_the_last(grpo_run):
+    rows = samples(grpo_run)
+    # samples_every=2 of 3 steps: step 2, and the last step; 3 samples each
+    assert [r["step"] for r in rows] == [2, 2, 2, 3, 3, 3]
+    for row in rows:
+        assert set(row) == {"step", "prompt", "completion", "reward", "advantage"}
+        assert re.fullmatch(r"\d+[+-]\d+=", row["prompt"]), row  # the demo task's prompts
+        assert isinstance(row["completion"], str)
+        assert row["reward"] in (0.0, 1.0)  # exact match
+        assert math.isfinite(row["advantage"])
+        # GRPO: a correct answer is above its group's mean, a wrong one below (or all equal)
+        assert row["advantage"] >= 0 if row["reward"] == 1.0 else row["advantage"] <= 0
+    # spread over the step's prompts: three different groups
+    assert len({r["prompt"] for r in rows if r["step"] == 3}) == 3
+
+
+def test_samples_as_tensorboard_text(grpo_run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(grpo_run / "tensorboard"), size_guidance={"tensors": 0})
+    acc.Reload()
+    events = acc.Tensors("samples/text_summary")
+    assert [e.step for e in events] == [2, 3]
+    text = events[-1].tensor_proto.string_val[0].decode()
+    assert text.startswith("| prompt | completion | reward | advantage |")
+    for row in samples(grpo_run)[3:]:
+        assert f"| {row['prompt']} |" in text
+
+
+def test_report_of_one_run(grpo_run):
+    result = rlx("report", str(grpo_run))
+    assert result.returncode == 0, result.stderr
+    png, page = grpo_run / "report.png", grpo_run / "report.html"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
+    html = page.read_text()
+    for title in PANELS + ["Evaluation", "Gradient norm"]:
+        assert f">{title}</text>" in html, title  # the panel's axis title, as SVG text
+    assert 'href="report.png"' in html
+    # the latest samples: a table in the page, and lines in the terminal
+    latest = samples(grpo_run)[3:]
+    assert "step 3</h3>" in html
+    for row in latest:
+        assert f"<td class=\"text\">{row['prompt']}</td>" in html
+        assert f"{row['prompt']!r} -> {row['completion']!r}" in result.stdout
+    assert "latest samples of grpo-run (step 3)" in result.stdout
+    assert "no metrics for" not in result.stdout  # an online run has every main curve
+
+
+def test_report_overlays_two_runs(grpo_run, sft_run, tmp_path):
+    result = rlx("report", str(grpo_run), str(sft_run), "--output", str(tmp_path / "both"))
+    assert result.returncode == 0, result.stderr
+    html = (tmp_path / "both" / "report.html").read_text()
+    assert (tmp_path / "both" / "report.png").stat().st_size > 20_000
+    # both runs in the legends: the loss panel holds loss/policy (grpo) and loss, eval/loss (sft)
+    for label in ("grpo-run: loss/policy", "sft-run: loss", "sft-run: eval/loss", "grpo-run: tokens_per_s/rollout"):
+        assert f">{label}</text>" in html, label
+    # the main curves the SFT run has no metrics for are named, not failed on
+    assert f"sft-run: no metrics for {', '.join(ONLINE_ONLY)}" in result.stdout
+    assert "grpo-run: no metrics" not in result.stdout
+    assert "sft-run: no samples.jsonl" in html
+
+
+def test_bad_metrics_name_the_file_and_line(tmp_path):
+    from rlx.errors import DataError
+    from rlx.report import load_run
+
+    run = tmp_path / "run"
+    with pytest.raises(DataError, match=f"{tmp_path}/nothing: no such run folder"):
+        load_run(tmp_path / "nothing")
+    run.mkdir()
+    with pytest.raises(DataError, match=r"run/metrics.jsonl does not exist"):
+        load_run(run)
+    (run / "metrics.jsonl").write_text("")
+    with pytest.raises(DataError, match=r"run/metrics.jsonl holds no metrics"):
+        load_run(run)
+    (run / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n{"step": 2, "loss": 0.5\n{"step": 3}\n')
+    with pytest.raises(DataError, match=r"run/metrics.jsonl line 2: not valid JSON"):
+        load_run(run)
+    (run / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n{"loss": 0.5}\n')
+    with pytest.raises(DataError, match=r'line 2: expected an object with an integer "step"'):
+        load_run(run)
+    (run / "metrics.jsonl").write_text('{"step": 1, "loss": "high"}\n')
+    with pytest.raises(DataError, match=r"line 1: metric 'loss' is 'high', not a number or null"):
+        load_run(run)
+    (run / "samples.jsonl").write_text('{"step": 1}\n[1]\n')
+    (run / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n')
+    with pytest.raises(DataError, match=r"run/samples.jsonl line 2"):
+        load_run(run)
+    # a run writing its next line right now: the unfinished line is left out
+    (run / "samples.jsonl").unlink()
+    (run / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n{"step": 2, "loss": null}\n{"step": 3, "lo')
+    assert [r["step"] for r in load_run(run).rows] == [1, 2]
+
+    # the command prints the error in one line, exits 1 and writes nothing
+    (run / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\nnot json\n{"step": 3}\n')
+    result = rlx("report", str(run))
+    assert result.returncode == 1
+    assert f"Error: {run}/metrics.jsonl line 2: not valid JSON" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (run / "report.png").exists()
