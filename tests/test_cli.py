@@ -12,7 +12,7 @@ def rlx(*args, timeout=120, **kw):
     return subprocess.run([sys.executable, "-m", "rlx_cli", *args], capture_output=True, text=True, timeout=timeout, **kw)
 
 
-HEAVY = ("torch", "transformers", "ray", "vllm", "deepspeed", "datasets")
+HEAVY = ("torch", "transformers", "ray", "vllm", "deepspeed", "datasets", "matplotlib", "wandb")
 
 
 @pytest.mark.parametrize("argv", [[], ["--help"], ["plugins", "list"], ["algos", "list"]])
