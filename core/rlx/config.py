@@ -132,6 +132,10 @@ class RolloutConfig:
     enable_prefix_caching: bool = opt(True, "vllm: reuse the KV cache of shared prompt prefixes (reset after each sync)")
     sleep: bool = opt(False, "free the rollout engines' memory while the policy trains: vLLM's on GPUs (no sleep mode "
                              "on CPUs), the native engine's KV cache and CUDA graphs")
+    overlap: bool = opt(False, "generate the next step's rollout while the policy trains on this one's (needs "
+                               "algorithm.off_policy_correction: samples come from an earlier policy)")
+    max_staleness: int = opt(1, "with overlap: the most policy updates a sample's weights may lag behind the "
+                                "policy that trains on it")
 
 
 @dataclass
@@ -451,6 +455,15 @@ def validate(config: RunConfig) -> None:
         raise ConfigError("rollout.num_engines and rollout.tensor_parallel_size must be at least 1")
     if r.num_engines > 1 and config.launcher.name != "ray":
         raise ConfigError(f"rollout.num_engines={r.num_engines} needs launcher.name=ray (local runs one engine)")
+    if r.overlap:
+        if r.max_staleness < 1:
+            raise ConfigError("rollout.max_staleness must be at least 1 with rollout.overlap")
+        if r.sleep:
+            raise ConfigError("rollout.overlap and rollout.sleep exclude each other: an overlapped engine "
+                              "generates while the policy trains")
+        if not getattr(config.algorithm, "off_policy_correction", "x"):
+            raise ConfigError("rollout.overlap trains on samples of an earlier policy: choose how the update "
+                              "corrects for it, e.g. algorithm.off_policy_correction=tis (or icepop, seq_mask_tis)")
     if config.launcher.colocate:
         from rlx.launch.placement import parse_colocate
 

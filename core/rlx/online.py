@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from rlx import data, models, ops
+from rlx.ahead import RolloutsAhead
 from rlx.algorithm import AlgorithmSpec, call_with_accepted
 from rlx.batch import Batch
 from rlx.checkpoint import resume_latest
@@ -213,7 +214,7 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
     total = t.max_steps or math.ceil(len(prompts) * t.epochs / a.rollout_batch_size)
     def sizes(ranks: int) -> dict:  # optimizer steps, and backward passes per step on each rank
         return dict(total_steps=total * updates, micro_steps=max(1, t.batch_size // ranks // t.micro_batch_size))
-    launcher = make_launcher(config, host)
+    launcher, ahead = make_launcher(config, host), None
     try:
         ranks = config.launcher
         roles = {"reward": (1, 1 if config.reward.model else 0), "policy": (ranks.policy_ranks, 1),
@@ -236,25 +237,36 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
 
         params = _sampling(r, a.n_samples)
         kl_coef = AdaptiveKL(a.kl_coef, a.kl_target, a.kl_horizon)
-        step, stream = 0, PromptStream(prompts, t.seed)
+        step, stream, pending = 0, PromptStream(prompts, t.seed), None
         checkpoints = out / "checkpoints"
 
         def restore(path: Path) -> int:
+            nonlocal pending
             state = policy.wait("load", path)
             if critic is not None:
                 critic.wait("load", checkpoints / f"critic_{state['step']:08d}")
             stream.cursor, kl_coef.value = state["cursor"], state["kl_coef"]
+            pending = state.get("pending_rollout")
             launcher.sync_weights(policy, rollout_group)  # an engine with its own copy starts from the model folder
             return state["step"]
 
         if resume:
             step = resume_latest(checkpoints, restore, log)
 
+        def make_rollout(k: int):
+            sampling = dataclasses.replace(params, seed=t.seed * 1_000_003 + k)
+            return rollout(stream, generate, sampling, score, sampler, a.rollout_batch_size)
+
+        ahead = RolloutsAhead(make_rollout, partial(launcher.sync_weights, policy, rollout_group),
+                              r.max_staleness if r.overlap else 0, total, prompts, version=step, pending=pending)
+
         def checkpoint() -> None:
             # the critic goes first: the policy's COMPLETE marker is what makes a step resumable
             if critic is not None:
                 critic.wait("save", checkpoints, step)
-            state = {"step": step, "cursor": stream.cursor, "kl_coef": kl_coef.value}
+            # the rollout in flight has drawn its prompts already: it is saved with the step
+            pending_rollout = ahead.state()
+            state = {"step": step, "cursor": stream.cursor, "kl_coef": kl_coef.value, "pending_rollout": pending_rollout}
             policy.wait("save", checkpoints, state=state, step=step, keep=config.checkpoint.keep)
             if critic is not None and policy.wait("rank") == 0:
                 kept = {p.name.removeprefix("step_") for p in checkpoints.glob("step_*") if p.is_dir()}
@@ -272,17 +284,16 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
             logger.log(0, before)
         metrics: dict[str, float] = {}
         while step < total:
-            # 1-2. rollout and reward
+            # 1-2. rollout and reward (with overlap: made while the last step trained)
             started = time.perf_counter()
-            params = dataclasses.replace(params, seed=t.seed * 1_000_003 + step)
-            batch_prompts, completions, rewards, metrics = rollout(stream, generate, params, score, sampler,
-                                                                   a.rollout_batch_size)
-            rollout_time = time.perf_counter() - started
+            (batch_prompts, completions, rewards, metrics), made_by, rollout_time = ahead.take(step)
+            rollout_wait = time.perf_counter() - started
             if r.sleep:
                 rollout_group.wait("sleep")  # the engines' memory goes to training until the sync
             prompt_ids = [p["prompt_ids"] for p in batch_prompts for _ in range(a.n_samples)]
             group_ids = [i for i in range(len(batch_prompts)) for _ in range(a.n_samples)]
             batch = batch_of_completions(prompt_ids, completions, tokenizer.pad_token_id, rewards, group_ids, device)
+            batch.policy_version = torch.full((len(batch),), made_by)
             if a.off_policy_correction and batch.rollout_logp is None:
                 raise RunError(f"algorithm.off_policy_correction={a.off_policy_correction!r} needs the rollout "
                                f"engine's log-probs, and engine {engine_name!r} returns none")
@@ -320,7 +331,9 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
             started = time.perf_counter()
             if r.sleep:
                 rollout_group.wait("wake")
-            launcher.sync_weights(policy, rollout_group)
+            if not r.overlap:  # an overlapped engine is busy: it takes the weights between rollouts
+                launcher.sync_weights(policy, rollout_group)
+                ahead.synced(step + 1)
             sync_time = time.perf_counter() - started
             step += 1
 
@@ -337,6 +350,8 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
                 "kl_coef": kl_coef.value,
                 "response_length/mean": lengths.mean().item(),
                 "time/rollout": rollout_time,
+                "time/rollout_wait": rollout_wait,
+                "rollout/staleness": step - 1 - made_by,
                 "time/train": train_time,
                 "time/logprobs": logprobs_time,
                 "time/sync": sync_time,
@@ -344,6 +359,10 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
             })
             host.hook.on_rollout_end(step=step, rollout=batch, metrics=metrics)
             if (a.eval_every and step % a.eval_every == 0) or step == total:
+                if r.overlap:  # evaluate the policy as it is now, on an idle engine
+                    ahead.drain()
+                    launcher.sync_weights(policy, rollout_group)
+                    ahead.synced(step)
                 evaluated = evaluate(eval_prompts, generate, score, r, a.eval_k, pass_score)
                 metrics.update(evaluated)
                 host.hook.on_eval_end(step=step, metrics=evaluated)
@@ -367,6 +386,8 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
                 critic.wait("save_final", tokenizer, out / "final_critic")
         return metrics
     finally:
+        if ahead is not None:
+            ahead.close()
         launcher.shutdown()
 
 

@@ -1,4 +1,5 @@
-"""The local launcher: every role in this process, on one device, with no copies."""
+"""The local launcher: every role in this process, on one device, with no copies (but for
+an engine that generates while the policy trains, which needs weights of its own)."""
 
 from __future__ import annotations
 
@@ -57,13 +58,15 @@ class LocalLauncher:
         return LocalGroup(role, cls(*args, **kwargs))
 
     def place_rollout(self, policy: LocalGroup, config, tokenizer, engine: str) -> LocalGroup:
-        """The native engine samples with the policy's own module; vLLM loads a copy."""
+        """The native engine samples with the policy's own module, unless rollouts overlap
+        training (then, like vLLM, it loads a copy that ``sync_weights`` keeps in step)."""
         from rlx.workers.rollout import RolloutWorker
 
-        self.own_copy = engine == "vllm"
-        if self.own_copy:
+        self.own_copy = engine == "vllm" or config.rollout.overlap
+        if engine == "vllm":
             return LocalGroup("rollout", RolloutWorker.vllm(config, tokenizer))
-        return LocalGroup("rollout", RolloutWorker.native(config, tokenizer, module=policy.worker.module()))
+        shared = None if self.own_copy else policy.worker.module()
+        return LocalGroup("rollout", RolloutWorker.native(config, tokenizer, module=shared))
 
     def sync_weights(self, policy: LocalGroup, rollout: LocalGroup) -> None:
         """The policy's new weights into an engine with its own copy (none to send otherwise)."""
