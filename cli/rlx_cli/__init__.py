@@ -147,6 +147,38 @@ def report(
                 typer.echo(f"  {sample_line(sample)}")
 
 
+@app.command("serve-reward")
+def serve_reward(
+    spec: str = typer.Argument(..., help="what --reward takes (a registered name or file.py:function) "
+                                          "or a reward-model folder"),
+    port: int = typer.Option(8000, "--port", help="port to listen on (0: a free one)"),
+    host_name: str = typer.Option("127.0.0.1", "--host", help="address to listen on (0.0.0.0: every interface)"),
+    model_type: str = typer.Option("model", "--model-type", help="reward-model loader, when SPEC is a folder"),
+    threads: int = typer.Option(1, "--threads", help="requests scored at once (1: the reward need not be thread-safe)"),
+    plugin: Optional[List[str]] = typer.Option(None, "--plugin", help="local plugin module:attr, repeatable"),
+):
+    """Serve a reward over HTTP, for `rlx train --reward http://HOST:PORT/score` (docs/rewards.md)."""
+    from rlx.errors import RewardError
+    from rlx.remote_rewards import reward_server, url_of
+
+    if threads < 1:
+        fail(f"--threads is {threads}; it must be at least 1")
+    try:
+        server = reward_server(spec, _host(plugin), address=(host_name, port), model_type=model_type,
+                               threads=threads)
+    except RewardError as e:
+        fail(str(e))
+    except OSError as e:
+        fail(f"cannot listen on {host_name}:{port}: {e}")
+    typer.echo(f"serving {server.source.what} at {url_of(server)}")
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+
+
 @plugins_app.command("list")
 def plugins_list(as_json: bool = typer.Option(False, "--json", help="print JSON")):
     """Show each plugin's distribution, version, hooks and components."""

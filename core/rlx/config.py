@@ -139,11 +139,23 @@ class RolloutConfig:
 
 
 @dataclass
+class RemoteRewardConfig:
+    batch_size: int = opt(64, "samples per request to a reward server (0: the whole batch in one request)")
+    concurrency: int = opt(4, "requests in flight to each reward server")
+    timeout: float = opt(60.0, "seconds to wait for a reward server's answer")
+    retries: int = opt(0, "retry a failed request this many times (0: the first failure stops the run); "
+                          "failed attempts are logged as reward/<name>/failed_requests")
+    backoff: float = opt(1.0, "seconds before the first retry, doubled before each next one")
+
+
+@dataclass
 class RewardConfig:
-    functions: list[str] = opt(["exact_match"], "reward functions: registered names or path/file.py:function")
+    functions: list[str] = opt(["exact_match"], "reward functions: registered names, path/file.py:function "
+                                                "or a reward server's http:// URL (rlx serve-reward)")
     weights: list[float] = opt([], "one weight per reward function and model (empty: all 1)")
     model: str = opt("", "reward model folder (trained with `rlx train --algo rm`); empty: none")
     model_type: str = opt("model", "registered reward-model loader used for reward.model")
+    remote: RemoteRewardConfig = field(default_factory=RemoteRewardConfig)
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """The reward pipeline of the online loop: rule functions and an optional reward model.
 
-``reward.functions`` names registered reward functions or a user's
-``path/to/file.py:function`` (``module:function`` works too); ``reward.model`` adds a
+``reward.functions`` names registered reward functions, a user's
+``path/to/file.py:function`` (``module:function`` works too) or the URL of a reward
+server (``rlx.remote_rewards``); ``reward.model`` adds a
 reward model loaded by the registered loader ``reward.model_type``. Each source's
 rewards are multiplied by its weight in ``reward.weights`` (functions first, then the
 model; empty: all 1) and summed.
@@ -32,6 +33,7 @@ from rlx.config import RewardConfig
 from rlx.plugins import PluginError, load_object
 from rlx.registry import RegistryError
 from rlx.errors import RewardError
+from rlx.remote_rewards import is_url, remote_source
 
 _SHOWN_CHARS = 80  # how much of a prompt or completion an error message quotes
 
@@ -81,7 +83,7 @@ class RewardPipeline:
         scores: list[float] | None = None
         metrics: dict[str, float] = {}
         for source in self.sources:
-            values, own_scores, extras = _run(source, prompts, completions, labels, columns)
+            values, own_scores, extras = run_source(source, prompts, completions, labels, columns)
             rewards = [r + source.weight * v for r, v in zip(rewards, values)]
             if own_scores is not None:
                 scores = own_scores if scores is None else [a + b for a, b in zip(scores, own_scores)]
@@ -98,7 +100,7 @@ def build_reward(cfg: RewardConfig, host, *, device=None) -> RewardPipeline:
     Unknown names, files that fail to import and a wrong number of weights fail here,
     before any rollout.
     """
-    sources = [_function_source(spec, host) for spec in cfg.functions]
+    sources = [_function_source(spec, cfg, host) for spec in cfg.functions]
     names = [s.name for s in sources] + (["model"] if cfg.model else [])
     if not names:
         raise RewardError("no reward: set reward.functions and/or reward.model")
@@ -139,7 +141,9 @@ def _model_source(cfg: RewardConfig, host, device) -> RewardSource:
     return RewardSource("model", f"reward model {cfg.model!r}", model)
 
 
-def _function_source(spec: str, host) -> RewardSource:
+def _function_source(spec: str, cfg: RewardConfig, host) -> RewardSource:
+    if is_url(spec):
+        return remote_source(spec, cfg.remote)
     if ":" not in spec:
         try:
             return RewardSource(spec, f"reward function {spec!r}", host.get("register_reward_functions", spec))
@@ -161,7 +165,7 @@ def _function_source(spec: str, host) -> RewardSource:
 # calling and checking one source
 
 
-def _run(source: RewardSource, prompts, completions, labels, columns):
+def run_source(source: RewardSource, prompts, completions, labels, columns):
     """``(rewards, scores or None, extra metrics)`` of one source, every value checked."""
     n = len(completions)
 
@@ -170,6 +174,8 @@ def _run(source: RewardSource, prompts, completions, labels, columns):
 
     try:
         result = source.fn(prompts, completions, labels, **columns)
+    except RewardError:  # already names what failed (a reward server); calling it per sample would not help
+        raise
     except Exception as e:
         where = _first_failing(source, prompts, completions, labels, columns, sample)
         raise RewardError(f"{source.what} raised {type(e).__name__} on {where}: {e}") from e

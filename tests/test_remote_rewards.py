@@ -1,0 +1,240 @@
+"""Rewards over HTTP: `rlx serve-reward` in a subprocess scores a run exactly as the same
+function does locally; servers that are down, slow, failing or answering garbage stop
+the run with the URL named, or are retried and counted when asked."""
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from e2e import QUIET, one_thread  # noqa: F401
+from rlx.config import RemoteRewardConfig, RewardConfig, resolve
+from rlx.errors import RewardError
+from rlx.plugins import build_host
+from rlx.remote_rewards import reward_server, url_of
+from rlx.rewards import build_reward
+from rlx.run import run
+
+REWARD = (
+    "def score(prompts, completions, labels, level, **columns):\n"
+    "    rewards = [float(c == l) for c, l in zip(completions, labels)]\n"
+    "    return {'rewards': rewards, 'level_seen': [float(x) for x in level]}\n"
+    "\n"
+    "def broken(prompts, completions, labels, **columns):\n"
+    "    raise ValueError('no score for you')\n"
+)
+
+
+@pytest.fixture(scope="module")
+def host():
+    return build_host()
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("remote")
+    (folder / "my_reward.py").write_text(REWARD)
+    return folder
+
+
+def serve(spec: str, cwd):
+    """``rlx serve-reward SPEC --port 0`` in a subprocess, and the URL it prints."""
+    process = subprocess.Popen([sys.executable, "-m", "rlx_cli", "serve-reward", spec, "--port", "0"], cwd=cwd,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = process.stdout.readline()
+    if " at http://" not in line:
+        process.kill()
+        raise AssertionError(f"serve-reward printed {line!r}; stderr: {process.stderr.read()}")
+    return process, line.rsplit(" at ", 1)[1].strip()
+
+
+@pytest.fixture(scope="module")
+def served(workdir):
+    process, url = serve("exact_match", workdir)
+    yield url
+    process.terminate()
+    process.wait(timeout=10)
+
+
+@pytest.fixture
+def in_thread(host):
+    """``reward_server(SPEC)`` serving from a thread of this process; gives its URL."""
+    servers = []
+
+    def start(spec):
+        server = reward_server(spec, host)
+        threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+        servers.append(server)
+        return url_of(server)
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def grpo_metrics(host, out, reward, **remote):
+    tree = {"output": str(out), "logging": {"progress": False, "tensorboard": False}, "training": {"max_steps": 2},
+            "algorithm": {"eval_size": 8}, "reward": {"functions": [reward], "remote": remote}}
+    run(resolve(host.algorithms.get("grpo"), tree), host)
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_remote_run_equals_the_local_run(host, demo_policy, tmp_path, served):
+    local = grpo_metrics(host, tmp_path / "local", "exact_match")
+    remote = grpo_metrics(host, tmp_path / "remote", served, batch_size=5, concurrency=2)
+    timing = lambda row: {k: v for k, v in row.items() if not k.startswith(("time/", "tokens_per_s"))}  # noqa: E731
+    assert [timing(r) for r in remote] == [timing(r) for r in local]
+    assert 0 < local[-1]["reward/exact_match"] < 1 and local[-1]["eval/pass@4"] > 0
+
+
+def test_columns_and_metrics_cross_the_wire(in_thread, workdir):
+    url = in_thread(f"{workdir / 'my_reward.py'}:score")
+    result = build_reward(RewardConfig(functions=[url], remote=RemoteRewardConfig(batch_size=2)), None)(
+        ["1+1=", "1+2=", "2+2="], ["2", "3", "5"], ["2", "3", "4"], {"level": [0, 1, 2]})
+    assert result.rewards == [1.0, 1.0, 0.0]
+    assert result.metrics == {"reward/my_reward.py:score": 2 / 3, "reward/my_reward.py:score/level_seen": 1.0}
+
+
+def test_a_function_that_raises_on_the_server_is_named(in_thread, workdir):
+    url = in_thread(f"{workdir / 'my_reward.py'}:broken")
+    with pytest.raises(RewardError) as err:
+        build_reward(RewardConfig(functions=[url]), None)(["p"], ["c"], ["l"], {})
+    assert str(err.value).startswith(f"reward server {url}: answered HTTP 422 Unprocessable Entity: reward function ")
+    assert "my_reward.py:broken' raised ValueError on sample 0 (prompt 'p', completion 'c'): no score for you" \
+        in str(err.value)
+
+
+def test_serve_reward_refuses_an_unknown_reward(workdir):
+    result = subprocess.run([sys.executable, "-m", "rlx_cli", "serve-reward", "exact_matc", "--port", "0"],
+                            capture_output=True, text=True, timeout=60, cwd=workdir)
+    assert result.returncode == 2 and "exact_match" in result.stderr  # names the nearest registered name
+
+
+# ---------------------------------------------------------------------------
+# misbehaving servers (real HTTP, in a thread of this process)
+
+
+class Misbehaving(BaseHTTPRequestHandler):
+    """POST /MODE answers per MODE; ``failures_left`` 500s come first in mode ``flaky``."""
+
+    sizes: list = []
+    in_flight = peak = 0
+    failures_left = 0
+    lock = threading.Lock()
+
+    def do_GET(self):
+        self.answer(404, b"no such page")
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        n = len(body["completions"])
+        cls = type(self)
+        with cls.lock:
+            cls.sizes.append(n)
+            cls.in_flight += 1
+            cls.peak = max(cls.peak, cls.in_flight)
+        try:
+            mode = self.path.strip("/")
+            if mode == "flaky":
+                with cls.lock:
+                    fail, cls.failures_left = cls.failures_left > 0, cls.failures_left - 1
+                if fail:
+                    return self.answer(500, b'{"error": "overloaded"}')
+            if mode == "slow":
+                time.sleep(0.2)
+            answers = {"garbage": b"<html>oops</html>", "short": json.dumps({"rewards": [1.0] * (n - 1)}).encode(),
+                       "text": json.dumps({"rewards": ["high"] * n}).encode(), "list": b"[1, 2]"}
+            if mode == "error":
+                return self.answer(500, b'{"error": "database is down"}')
+            self.answer(200, answers.get(mode, json.dumps({"rewards": [float(len(c)) for c in body["completions"]],
+                                                           "scores": [1.0] * n}).encode()))
+        finally:
+            with cls.lock:
+                cls.in_flight -= 1
+
+    def answer(self, status, data):
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        try:
+            self.wfile.write(data)
+        except BrokenPipeError:  # the client timed out first
+            pass
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def bad_server():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Misbehaving)
+    Misbehaving.sizes, Misbehaving.peak, Misbehaving.failures_left = [], 0, 0
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def score(url, n=5, **remote):
+    pipeline = build_reward(RewardConfig(functions=[url], remote=RemoteRewardConfig(**remote)), None)
+    return pipeline([f"p{i}" for i in range(n)], ["x" * i for i in range(n)], [None] * n, {})
+
+
+def test_batches_and_concurrency_limit(bad_server):
+    result = score(bad_server + "/slow", n=7, batch_size=2, concurrency=2)
+    assert result.rewards == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0] and result.scores == [1.0] * 7
+    assert sorted(Misbehaving.sizes) == [1, 2, 2, 2] and Misbehaving.peak == 2
+    # a server without a name page is named by its URL
+    assert f"reward/{bad_server.split('://')[1]}/slow" in result.metrics
+
+
+@pytest.mark.parametrize("mode, message", [
+    ("garbage", "answered something that is not JSON: b'<html>oops</html>'"),
+    ("short", "answered 4 rewards for 5 samples (samples 0-4)"),
+    ("text", "answered rewards[0] = 'high' (samples 0-4): not a finite number"),
+    ("list", "answered [1, 2] for samples 0-4: expected an object with 'rewards'"),
+    ("error", "answered HTTP 500 Internal Server Error: database is down"),
+])
+def test_bad_answers_stop_with_the_url(bad_server, mode, message):
+    with pytest.raises(RewardError) as err:
+        score(f"{bad_server}/{mode}")
+    assert str(err.value) == f"reward server {bad_server}/{mode}: {message}"
+
+
+def test_slow_server_times_out(bad_server):
+    started = time.perf_counter()
+    with pytest.raises(RewardError, match=r"/slow: no answer within 0.05 s \(reward.remote.timeout\)"):
+        score(bad_server + "/slow", timeout=0.05)
+    assert time.perf_counter() - started < 2
+
+
+def test_down_server_fails_before_any_scoring():
+    with socket.socket() as free:  # a port that nothing listens on once closed
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    with pytest.raises(RewardError) as err:
+        build_reward(RewardConfig(functions=[f"http://127.0.0.1:{port}/score"]), None)
+    assert str(err.value).startswith(f"reward server http://127.0.0.1:{port}/score: cannot connect: ")
+    assert "Connection refused" in str(err.value)
+
+
+def test_retries_are_counted_and_then_give_up(bad_server):
+    Misbehaving.failures_left = 2
+    result = score(bad_server + "/flaky", retries=3, backoff=0.01)
+    assert result.rewards == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert result.metrics[f"reward/{bad_server.split('://')[1]}/flaky/failed_requests"] == 2
+
+    Misbehaving.failures_left = 10
+    with pytest.raises(RewardError, match=r"/flaky after 3 attempts \(reward.remote.retries=2\): answered HTTP 500"):
+        score(bad_server + "/flaky", retries=2, backoff=0.01)
+
+
+def test_bad_remote_options_fail(bad_server):
+    with pytest.raises(RewardError, match="reward.remote.concurrency is 0"):
+        score(bad_server, concurrency=0)
