@@ -200,6 +200,40 @@ def plugins_list(as_json: bool = typer.Option(False, "--json", help="print JSON"
         typer.echo(f"{row['name']} FAILED: {row['error']}")
 
 
+@plugins_app.command("new")
+def plugins_new(
+    name: str = typer.Argument(..., help="plugin name: cispo makes rlx-cispo with package rlx_cispo"),
+    kind: str = typer.Option(..., "--kind", help="algorithm, reward, estimator, policy-loss, sampler, reward-model "
+                                                 "or vlm-processor"),
+    directory: str = typer.Option(".", "--dir", help="folder to write the distribution into"),
+):
+    """Write a ready plugin distribution: pyproject, src layout, hook implementation and a contract test."""
+    from rlx.scaffold import new_plugin
+
+    try:
+        root = new_plugin(name, kind, directory)
+    except (ValueError, FileExistsError) as e:
+        fail(str(e))
+    typer.echo(f"wrote {root}\nnext: pip install -e {root} && python -m pytest {root / 'tests'}")
+
+
+@plugins_app.command("check")
+def plugins_check(
+    dist: str = typer.Argument(..., help="distribution name, e.g. rlx-cispo"),
+    train: bool = typer.Option(True, "--train/--no-train", help="train each algorithm two tiny steps"),
+):
+    """Run the plugin contract suite (rlx.contract) on an installed distribution."""
+    from rlx.contract import run_checks
+
+    results = run_checks(dist, train=train)
+    for check, failure in results:
+        typer.echo(f"{'FAIL' if failure else 'ok':4s}  {check}" + (f"\n      {failure}" if failure else ""))
+    failed = sum(1 for _, failure in results if failure)
+    typer.echo(f"{len(results) - failed} passed, {failed} failed")
+    if failed:
+        raise typer.Exit(1)
+
+
 @algos_app.command("list")
 def algos_list():
     """List installed algorithms."""
