@@ -58,6 +58,20 @@ def test_ppo_under_ray_gives_the_local_metrics(demo_policy, tmp_path):
     assert (tmp_path / "ray" / "checkpoints" / "step_00000002" / "COMPLETE").is_file()
 
 
+def test_overlapped_rollouts_under_ray_give_the_local_metrics(demo_policy, tmp_path):
+    # the rollout actor generates step k+1 while the policy actor trains step k; locally a
+    # thread does, with an engine copy: the same samples and updates either way
+    runs = {}
+    overlap = ["--set", "rollout.overlap=true", "--set", "algorithm.off_policy_correction=tis", "--max-steps", "3"]
+    for launcher in ("local", "ray"):
+        result = rlx("train", "--algo", "grpo", "--launcher", launcher, "--output", str(tmp_path / launcher),
+                     *SETTINGS, *overlap)
+        assert result.returncode == 0, result.stdout + result.stderr
+        runs[launcher] = metrics(tmp_path / launcher)
+    assert [r.get("rollout/staleness") for r in runs["ray"]] == [None, 0, 1, 1]
+    assert_same(runs["ray"], runs["local"])
+
+
 PLUGIN = '''
 from rlx import hookimpl
 
