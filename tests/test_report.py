@@ -1,4 +1,5 @@
-"""Seeing a run: samples.jsonl and TensorBoard text, and `rlx report`'s figures, overlays and errors."""
+"""Seeing a run: samples.jsonl, TensorBoard text and W&B offline files of a short GRPO run, and
+`rlx report`'s figures, overlays and errors."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from e2e import metrics, one_thread, rlx, train  # noqa: F401 (one_thread: autou
 STEPS = 3
 GRPO = {"training.max_steps": STEPS, "algorithm.rollout_batch_size": 4, "algorithm.n_samples": 4,
         "training.batch_size": 16, "training.micro_batch_size": 16, "algorithm.eval_size": 8,
-        "logging.tensorboard": True, "logging.samples_every": 2, "logging.samples_count": 3}
+        "logging.tensorboard": True, "logging.samples_every": 2, "logging.samples_count": 3,
+        "logging.loggers": ["wandb"], "logging.logger_options": {"wandb": {"mode": "offline", "project": "rlx-tests"}}}
 PANELS = ["Reward", "KL", "Entropy", "Response length", "Clip fraction", "Loss", "Throughput (tokens/s)"]
 ONLINE_ONLY = ["Reward", "KL", "Entropy", "Response length", "Clip fraction"]
 
@@ -63,6 +65,30 @@ def test_samples_as_tensorboard_text(grpo_run):
     assert text.startswith("| prompt | completion | reward | advantage |")
     for row in samples(grpo_run)[3:]:
         assert f"| {row['prompt']} |" in text
+
+
+def test_wandb_offline_run_files(grpo_run):
+    (run,) = (grpo_run / "wandb").glob("offline-run-*")
+    (events,) = run.glob("run-*.wandb")
+    data = events.read_bytes()
+    assert data[:4] == b":W&B" and events.stat().st_size > 2_000
+    for text in (b"rlx-tests", b"grpo-run", b"reward/mean", b"entropy", b"response_length"):
+        assert text in data, text  # the project, the run's name (its folder) and the metric names
+    # the sample tables hold what samples.jsonl holds
+    tables = sorted(run.glob("files/media/table/samples_*.table.json"), key=lambda p: int(p.name.split("_")[1]))
+    assert [t.name.split("_")[1] for t in tables] == ["2", "3"]
+    logged = [row for t in tables for row in json.loads(t.read_text())["data"]]
+    assert logged == [[r["step"], r["prompt"], r["completion"], r["reward"], r["advantage"]] for r in samples(grpo_run)]
+
+
+def test_choosing_wandb_without_its_plugin_fails_before_the_run(tmp_path):
+    out = tmp_path / "run"
+    result = rlx("train", "--algo", "grpo", "--output", str(out), "--set", "logging.loggers=[tensorboard, wandb]",
+                 env={"RLX_DISABLE_PLUGINS": "rlx-wandb"})
+    assert result.returncode == 2
+    assert "logging.loggers: unknown logger 'wandb'" in result.stderr
+    assert "It is provided by rlx-wandb: pip install rlx-wandb" in result.stderr
+    assert "Traceback" not in result.stderr and not out.exists()
 
 
 def test_report_of_one_run(grpo_run):
