@@ -1,0 +1,99 @@
+"""The sandbox contains hostile tool calls: each returns an error result within its limits,
+the caller carries on, and nothing is written outside the sandbox's own folder."""
+
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from e2e import snapshot
+from rlx.sandbox import Limits, SandboxResult, run_code, run_function
+from rlx.tools import arithmetic, calculator
+
+LIMITS = Limits(seconds=1.5, memory_mb=256, output_bytes=2048)
+
+
+@pytest.fixture
+def run_folder(tmp_path):
+    """A run's output folder, as hostile code would find it."""
+    folder = tmp_path / "run"
+    (folder / "checkpoints").mkdir(parents=True)
+    (folder / "metrics.jsonl").write_text('{"step": 1}\n')
+    return folder
+
+
+def test_code_runs_in_its_own_empty_folder_with_a_scrubbed_environment(monkeypatch):
+    monkeypatch.setenv("RLX_SECRET_TOKEN", "hunter2")
+    result = run_code("import os, json\n"
+                      "open('notes.txt', 'w').write('kept inside')\n"
+                      "print(json.dumps({'cwd': os.getcwd(), 'files': sorted(os.listdir('.')), 'env': dict(os.environ),"
+                      " 'read': open('notes.txt').read()}))", LIMITS)
+    assert result.ok, result.error
+    seen = __import__("json").loads(result.stdout)
+    assert Path(seen["cwd"]).name.startswith("rlx-sandbox-") and seen["files"] == ["notes.txt"]
+    assert seen["read"] == "kept inside"
+    assert "RLX_SECRET_TOKEN" not in seen["env"] and seen["env"]["HOME"] == seen["cwd"]
+    assert not Path(seen["cwd"]).exists()  # removed afterwards
+
+
+def test_a_function_runs_by_name_and_returns_its_value():
+    result = run_function(arithmetic, "2 ** 10 - 24")
+    assert result == SandboxResult(True, 1000, "", "", "", result.seconds)
+    with pytest.raises(TypeError, match="by name"):
+        run_function(lambda: 1)
+
+
+def escape_target(name: str) -> Path:
+    return Path(tempfile.gettempdir()) / f"rlx-escape-{os.getpid()}-{name}"
+
+
+HOSTILE = {
+    "infinite loop": ("while True:\n    pass", "timed out after 1.5 s"),
+    "huge output": ("while True:\n    print('spam' * 100)", "output over the limit of 2048 bytes"),
+    "memory bomb": ("blocks = []\nwhile True:\n    blocks.append(bytearray(10 ** 7))",
+                    "MemoryError: over the memory limit (256 MiB)"),
+    "write to /tmp": ("open({tmp!r}, 'w').write('x')", "writing {tmp!r} is refused"),
+    "overwrite run file": ("open({run!r} + '/metrics.jsonl', 'a').write('{{}}')", "writing "),
+    "create in run folder": ("import pathlib; pathlib.Path({run!r}, 'checkpoints', 'evil').write_text('x')",
+                             "writing "),
+    "delete run file": ("import os; os.remove({run!r} + '/metrics.jsonl')", "os.remove on "),
+    "move run folder": ("import os; os.rename({run!r}, 'stolen')", "os.rename on "),
+    "symlink out": ("import os; os.symlink({tmp!r}, 'link'); open('link', 'w').write('x')", "writing 'link'"),
+    "read run file": ("print(open({run!r} + '/metrics.jsonl').read())", "reading "),
+    "shell": ("import os; os.system('touch ' + {tmp!r})", "os.system is refused"),
+    "subprocess": ("import subprocess; subprocess.run(['touch', {tmp!r}])", "_posixsubprocess is refused"),
+    "network": ("import socket; socket.create_connection(('127.0.0.1', 9))", "socket.__new__ is refused"),
+    "native code": ("import ctypes", "importing ctypes is refused"),
+    "hard exit": ("import os; os._exit(7)", "exited with status 7 without a result"),
+}
+
+
+@pytest.mark.parametrize("name", HOSTILE)
+def test_hostile_code_is_contained(name, run_folder):
+    code, message = HOSTILE[name]
+    tmp = str(escape_target(name.replace(" ", "-")))
+    before = snapshot(run_folder)
+    started = time.monotonic()
+    result = run_code(code.format(tmp=tmp, run=str(run_folder)), LIMITS)
+    assert time.monotonic() - started < LIMITS.seconds + 2
+    assert not result.ok and message.format(tmp=tmp) in result.error, result.error
+    assert len(result.stdout) + len(result.stderr) <= 2 * LIMITS.output_bytes
+    assert snapshot(run_folder) == before and not os.path.lexists(tmp)
+
+
+@pytest.mark.parametrize("expression, answer", [
+    ("2 + 3 * 4", "14"), ("(1 + 2) / 4", "0.75"), ("sqrt(16) + 2 ** -1", "4.5"), ("-7 // 2 % 5", "1"),
+    ("1 / 0", "error: ZeroDivisionError: division by zero"),
+    ("__import__('os').system('ls')", "error: ValueError: not arithmetic: \"__import__('os').system('ls')\""),
+    ("(1).__class__", "error: ValueError: not arithmetic: '1 .__class__'"),
+])
+def test_calculator(expression, answer):
+    assert calculator(expression) == answer
+
+
+def test_calculator_survives_an_expression_that_never_ends():
+    started = time.monotonic()
+    assert calculator("9 ** 9 ** 9 ** 9", Limits(seconds=1.0)) == "error: timed out after 1.0 s"
+    assert time.monotonic() - started < 3
