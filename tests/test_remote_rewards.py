@@ -110,6 +110,25 @@ def test_a_function_that_raises_on_the_server_is_named(in_thread, workdir):
         in str(err.value)
 
 
+def test_a_reward_model_folder_is_served(in_thread, tmp_path):
+    import torch
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    from rlx.tiny import make_tokenizer
+
+    tokenizer = make_tokenizer(tmp_path)
+    config = AutoConfig.for_model("qwen2", vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1,
+                                  num_attention_heads=1, num_key_value_heads=1, intermediate_size=64, num_labels=1,
+                                  pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(0)
+    AutoModelForSequenceClassification.from_config(config).save_pretrained(tmp_path)
+    batch = (["1+1=", "2+2=", "3+3="], ["2", "4", "7"], [None] * 3, {})
+    local = build_reward(RewardConfig(functions=[], model=str(tmp_path)), build_host(), device="cpu")(*batch)
+    remote = build_reward(RewardConfig(functions=[in_thread(str(tmp_path))]), None)(*batch)
+    assert remote.rewards == local.rewards and len(set(local.rewards)) == 3
+    assert remote.metrics == local.metrics == {"reward/model": pytest.approx(sum(local.rewards) / 3)}
+
+
 def test_serve_reward_refuses_an_unknown_reward(workdir):
     result = subprocess.run([sys.executable, "-m", "rlx_cli", "serve-reward", "exact_matc", "--port", "0"],
                             capture_output=True, text=True, timeout=60, cwd=workdir)
