@@ -97,6 +97,8 @@ class RemoteReward:
             answers = [future.result() for future in futures]
         finally:
             pool.shutdown(wait=False, cancel_futures=True)  # after a failure, send nothing more
+        if len({"scores" in a for a, _ in answers}) > 1:
+            raise RewardError(f"reward server {self.url} answered 'scores' for some requests of a batch, not all")
         result = _combine([a for a, _ in answers], [s.stop - s.start for s in chunks])
         if self.options.retries:
             result["failed_requests"] = sum(failures for _, failures in answers)
@@ -181,8 +183,6 @@ def _check(answer: Any, n: int, which: str) -> dict:
 
 def _combine(answers: list[dict], sizes: list[int]) -> dict:
     """One response for the whole batch: per-sample lists joined, batch numbers averaged by size."""
-    if len({"scores" in a for a in answers}) > 1:
-        raise RewardError("reward server answered 'scores' for some requests of the batch and not for others")
     out: dict[str, Any] = {"rewards": [r for a in answers for r in a["rewards"]]}
     if "scores" in answers[0]:
         out["scores"] = [s for a in answers for s in a["scores"]]
