@@ -61,6 +61,8 @@ HOSTILE = {
     "delete run file": ("import os; os.remove({run!r} + '/metrics.jsonl')", "os.remove on "),
     "move run folder": ("import os; os.rename({run!r}, 'stolen')", "os.rename on "),
     "symlink out": ("import os; os.symlink({tmp!r}, 'link'); open('link', 'w').write('x')", "writing 'link'"),
+    "folder descriptor": ("import os, sys; fd = os.open(os.path.dirname(os.__file__), os.O_RDONLY)\n"
+                          "os.open('evil.pth', os.O_WRONLY | os.O_CREAT, dir_fd=fd)", "reading "),
     "read run file": ("print(open({run!r} + '/metrics.jsonl').read())", "reading "),
     "shell": ("import os; os.system('touch ' + {tmp!r})", "os.system is refused"),
     "subprocess": ("import subprocess; subprocess.run(['touch', {tmp!r}])", "_posixsubprocess is refused"),

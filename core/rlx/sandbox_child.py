@@ -88,7 +88,9 @@ def _policy(folder: str, read_roots: tuple[str, ...]):
         if event == "open":
             path, mode, flags = args
             writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or bool(flags & _WRITE_FLAGS)
-            if path is not None and not inside(path, (folder,) if writes else read_roots):
+            # a folder opened outside would give a dir_fd that relative paths escape through
+            roots = (folder,) if writes or _is_folder(path) else read_roots
+            if path is not None and not inside(path, roots):
                 raise PermissionError(f"sandbox: {'writing' if writes else 'reading'} {path!r} is refused "
                                       f"(outside its folder)")
         elif event in _WRITES:
@@ -104,3 +106,7 @@ def _policy(folder: str, read_roots: tuple[str, ...]):
             raise PermissionError(f"sandbox: importing {args[0]} is refused")
 
     return hook
+
+
+def _is_folder(path) -> bool:
+    return not isinstance(path, int) and path is not None and os.path.isdir(path)
