@@ -25,3 +25,9 @@ def test_there_are_hooks():
 def test_hook_documented_with_signature(fn):
     assert f"### `{signature(fn)}`" in DOCS, f"docs/plugins.md lacks {signature(fn)}"
     assert fn.__doc__, f"{fn.__name__} has no docstring"
+
+
+def test_api_reference_is_up_to_date():
+    from rlx.apidoc import PAGE, render
+
+    assert PAGE.read_text() == render(), "docs/api.md is out of date: run python -m rlx.apidoc"

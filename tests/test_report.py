@@ -9,7 +9,8 @@ import re
 
 import pytest
 
-from e2e import metrics, one_thread, rlx, train  # noqa: F401 (one_thread: autouse)
+from e2e import config, metrics, one_thread, rlx, train  # noqa: F401 (one_thread: autouse)
+from rlx.hookspecs import hookimpl
 
 STEPS = 3
 GRPO = {"training.max_steps": STEPS, "algorithm.rollout_batch_size": 4, "algorithm.n_samples": 4,
@@ -65,6 +66,57 @@ def test_samples_as_tensorboard_text(grpo_run):
     assert text.startswith("| prompt | completion | reward | advantage |")
     for row in samples(grpo_run)[3:]:
         assert f"| {row['prompt']} |" in text
+
+
+class FailAfter:
+    """A plugin whose observer raises after step ``step`` is logged."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    @hookimpl
+    def on_step_end(self, step, metrics):
+        if step == self.step:
+            raise RuntimeError(f"observer failed at step {step}")
+
+
+class Recorder:
+    """A logger that keeps the steps it was given, and whether it was closed."""
+
+    opened: list = []
+
+    def __init__(self, output_dir, options, *, start_step=0):
+        self.steps, self.closed = [], False
+        Recorder.opened.append(self)
+
+    def log(self, step, metrics):
+        self.steps.append(step)
+
+    def close(self):
+        self.closed = True
+
+
+def test_a_failing_step_keeps_what_was_logged_and_closes_the_loggers(demo_policy, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from rlx.plugins import build_host
+    from rlx.run import run
+
+    out = tmp_path / "run"
+    cfg, _ = config("grpo", output=str(out), **{**GRPO, "logging.samples_every": 1, "logging.loggers": ["recorder"]})
+    host = build_host()
+    host.pm.register(FailAfter(2))
+    host.registry("register_loggers").add("recorder", Recorder, "tests")
+    with pytest.raises(RuntimeError, match="observer failed at step 2"):
+        run(cfg, host)
+    assert [r["step"] for r in metrics(out)] == [0, 1, 2]
+    assert [r["step"] for r in samples(out)] == [1, 1, 1, 2, 2, 2]
+    (recorder,) = Recorder.opened
+    assert recorder.steps == [0, 1, 2] and recorder.closed  # W&B's run is finished the same way
+    acc = EventAccumulator(str(out / "tensorboard"), size_guidance={"tensors": 0})
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("reward/mean")] == [1, 2]
+    assert [e.step for e in acc.Tensors("samples/text_summary")] == [1, 2]
 
 
 def test_wandb_offline_run_files(grpo_run):
@@ -126,7 +178,7 @@ def test_report_overlays_two_runs(grpo_run, sft_run, tmp_path):
 
 def test_bad_metrics_name_the_file_and_line(tmp_path):
     from rlx.errors import DataError
-    from rlx.report import load_run
+    from rlx.report import load_run, write_report
 
     run = tmp_path / "run"
     with pytest.raises(DataError, match=f"{tmp_path}/nothing: no such run folder"):
@@ -150,8 +202,12 @@ def test_bad_metrics_name_the_file_and_line(tmp_path):
     (run / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n')
     with pytest.raises(DataError, match=r"run/samples.jsonl line 2"):
         load_run(run)
-    # a run writing its next line right now: the unfinished line is left out
     (run / "samples.jsonl").unlink()
+    (run / "metrics.jsonl").write_text('{"step": 1, "my/metric": 1.0}\n')
+    with pytest.raises(DataError, match=r"run/metrics.jsonl: no metric that rlx report draws \(reward/mean, "):
+        write_report([load_run(run)], tmp_path / "report")
+    assert not (tmp_path / "report").exists()
+    # a run writing its next line right now: the unfinished line is left out
     (run / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n{"step": 2, "loss": null}\n{"step": 3, "lo')
     assert [r["step"] for r in load_run(run).rows] == [1, 2]
 

@@ -130,11 +130,14 @@ def report(
     from rlx.errors import DataError
     from rlx.report import load_runs, sample_line, write_report
 
+    out = output or (runs[0] if len(runs) == 1 else "report")
     try:
         loaded = load_runs(runs)
+        written = write_report(loaded, out)
     except DataError as e:
         fail(str(e), code=1)
-    written = write_report(loaded, output or (runs[0] if len(runs) == 1 else "report"))
+    except OSError as e:
+        fail(f"cannot write the report into {out}: {e}", code=1)
     typer.echo(f"wrote {written.png} and {written.html}; panels: {', '.join(written.panels)}")
     for name, titles in written.missing.items():
         if titles:

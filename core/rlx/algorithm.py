@@ -23,24 +23,25 @@ class AlgorithmSpec:
     online loop reads its fields) and name an ``estimator`` and a ``policy_loss``.
     ``estimator``, ``policy_loss``, ``value_loss`` and ``preference_loss`` are registered
     names (of any plugin: naming another plugin's part makes yours depend on it).
-    ``needs_reference`` loads a frozen reference model. ``defaults`` maps dotted keys
+    ``needs_reference`` gives an offline loss a frozen reference model (the online loop
+    loads one when ``algorithm.kl_coef`` > 0). ``defaults`` maps dotted keys
     (``"training.lr"``, ``"algorithm.n_samples"``) to the values of the algorithm's demo;
     they apply only on the demo's data. A spec that breaks these rules raises
     ``PluginError`` when it is made.
     """
 
-    name: str
-    description: str
-    loop: Literal["offline", "online"]
-    config: type = field(default=object)
-    data: Literal["sft", "pairs", "unpaired", "prompts"] = "sft"
-    head: Literal["lm", "value"] = "lm"
-    estimator: str | None = None
-    policy_loss: str | None = None
-    value_loss: str | None = None
-    preference_loss: str | None = None
-    needs_reference: bool = False
-    defaults: dict[str, Any] = field(default_factory=dict)  # dotted overrides of the run config
+    name: str  # the name `rlx train --algo` takes; register the spec under it
+    description: str  # one line, shown by `rlx algos list`
+    loop: Literal["offline", "online"]  # the trainer that runs it
+    config: type = field(default=object)  # dataclass of the algorithm.* keys (online: an OnlineConfig)
+    data: Literal["sft", "pairs", "unpaired", "prompts"] = "sft"  # the row format it reads
+    head: Literal["lm", "value"] = "lm"  # a causal LM, or a scalar value head (reward models)
+    estimator: str | None = None  # registered advantage estimator (online)
+    policy_loss: str | None = None  # registered policy loss (online)
+    value_loss: str | None = None  # registered critic loss; a critic is trained when set
+    preference_loss: str | None = None  # registered preference loss (pairs, unpaired data)
+    needs_reference: bool = False  # offline: load a frozen reference (online: kl_coef > 0 loads one)
+    defaults: dict[str, Any] = field(default_factory=dict)  # dotted keys -> values of the demo run
 
     def __post_init__(self) -> None:
         # checked where the spec is made, so a plugin with a bad spec is reported when it

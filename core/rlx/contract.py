@@ -81,7 +81,8 @@ def checks(dist: str, *, train: bool | str = True, host: Host | None = None) -> 
     """The checks of distribution ``dist``: the load checks first, then one or two a component."""
     host = host or build_host()
     found = [Check("loads", lambda: _loads(host, dist)), Check("light-import", lambda: _light_import(dist)),
-             Check("unique-names", lambda: _unique(host, dist)), Check("dependencies", lambda: _dependencies(host, dist))]
+             Check("unique-names", lambda: _unique(host, dist)),
+             Check("dependencies", lambda: _dependencies(host, dist))]
     mine = {hook: [name for name in registry.items if registry.providers[name] == dist]
             for hook, registry in host.registries.items()}
     for i, name in enumerate(mine["register_algorithms"]):
@@ -176,7 +177,8 @@ def _dependencies(host: Host, dist: str) -> None:
                 continue
             registry = host.registry(hook)
             if part_name not in registry:
-                raise ContractError(f"algorithm {name!r} names {part} {part_name!r}, which no installed plugin registers")
+                raise ContractError(f"algorithm {name!r} names {part} {part_name!r}, which no installed plugin "
+                                    f"registers")
             provider = registry.providers[part_name]
             if _normalize(provider) not in allowed:
                 raise ContractError(

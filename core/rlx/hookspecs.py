@@ -77,7 +77,8 @@ def register_reward_models(register: Register) -> None:
 @hookspec
 def register_samplers(register: Register) -> None:
     """Register rollout-group samplers (filters, curricula): ``register(name, factory)``,
-    where ``factory(config) -> sampler``."""
+    where ``factory(options) -> sampler``, ``options`` the dict ``algorithm.sampler_options``,
+    and the sampler has ``max_rounds`` and ``keep(groups: list[list[float]]) -> list[bool]``."""
 
 
 @hookspec

@@ -214,7 +214,7 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
     total = t.max_steps or math.ceil(len(prompts) * t.epochs / a.rollout_batch_size)
     def sizes(ranks: int) -> dict:  # optimizer steps, and backward passes per step on each rank
         return dict(total_steps=total * updates, micro_steps=max(1, t.batch_size // ranks // t.micro_batch_size))
-    launcher, ahead = make_launcher(config, host), None
+    launcher, ahead, logger = make_launcher(config, host), None, None
     try:
         ranks = config.launcher
         roles = {"reward": (1, 1 if config.reward.model else 0), "policy": (ranks.policy_ranks, 1),
@@ -388,6 +388,8 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
     finally:
         if ahead is not None:
             ahead.close()
+        if logger is not None:  # also when a step raised: what the loggers buffer is written
+            logger.close()
         launcher.shutdown()
 
 

@@ -132,10 +132,14 @@ def write_report(runs: list[Run], out_dir: str | Path) -> Report:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     found = {panel: [panel_metrics(panel, run) for run in runs] for panel in PANELS}
     shown = [panel for panel in PANELS if any(found[panel])]
+    if not shown:
+        drawn = ", ".join(name for panel in PANELS for name in panel.metrics)
+        raise DataError(f"{', '.join(str(r.path / 'metrics.jsonl') for r in runs)}: no metric that rlx report "
+                        f"draws ({drawn})")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
     missing = {run.name: [p.title for p in PANELS if p.main and not found[p][i]] for i, run in enumerate(runs)}
 
     columns = min(3, len(shown))

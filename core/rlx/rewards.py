@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from rlx.algorithm import call_with_accepted
 from rlx.config import RewardConfig
 from rlx.plugins import PluginError, load_object
 from rlx.registry import RegistryError
@@ -130,7 +131,7 @@ def _model_source(cfg: RewardConfig, host, device) -> RewardSource:
     except RegistryError as e:
         raise RewardError(f"reward.model_type: {e}") from e
     try:
-        scorer = factory(cfg.model, config=cfg, device=device)
+        scorer = call_with_accepted(factory, cfg.model, config=cfg, device=device)  # device only if it takes one
     except Exception as e:
         raise RewardError(f"reward.model: {cfg.model_type!r} could not load {cfg.model!r}: "
                           f"{type(e).__name__}: {e}") from e
