@@ -3,6 +3,7 @@ function does locally; servers that are down, slow, failing or answering garbage
 the run with the URL named, or are retried and counted when asked."""
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -129,6 +130,17 @@ def test_a_reward_model_folder_is_served(in_thread, tmp_path):
     assert remote.metrics == local.metrics == {"reward/model": pytest.approx(sum(local.rewards) / 3)}
 
 
+def test_train_with_a_down_server_stops_before_training(tiny_model_dir, tmp_path):
+    port = free_port()
+    result = subprocess.run([sys.executable, "-m", "rlx_cli", "train", "--algo", "grpo", "--model", tiny_model_dir,
+                             "--reward", f"http://127.0.0.1:{port}/score", "--max-steps", "1", "--output", "out",
+                             "--set", "logging.progress=false"], capture_output=True, text=True, timeout=300,
+                            cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 1
+    assert f"Error: reward server http://127.0.0.1:{port}/score: cannot connect: " in result.stderr, result.stderr
+    assert not (tmp_path / "out" / "metrics.jsonl").exists()
+
+
 def test_serve_reward_refuses_an_unknown_reward(workdir):
     result = subprocess.run([sys.executable, "-m", "rlx_cli", "serve-reward", "exact_matc", "--port", "0"],
                             capture_output=True, text=True, timeout=60, cwd=workdir)
@@ -233,10 +245,15 @@ def test_slow_server_times_out(bad_server):
     assert time.perf_counter() - started < 2
 
 
+def free_port() -> int:
+    """A port that nothing listens on (once the probe closes)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def test_down_server_fails_before_any_scoring():
-    with socket.socket() as free:  # a port that nothing listens on once closed
-        free.bind(("127.0.0.1", 0))
-        port = free.getsockname()[1]
+    port = free_port()
     with pytest.raises(RewardError) as err:
         build_reward(RewardConfig(functions=[f"http://127.0.0.1:{port}/score"]), None)
     assert str(err.value).startswith(f"reward server http://127.0.0.1:{port}/score: cannot connect: ")
