@@ -14,7 +14,7 @@ from rlx.sandbox import Limits, SandboxResult, run_code, run_function
 from rlx.tools import arithmetic, calculator
 
 # generous time for a loaded machine; the infinite loop alone runs to its (short) limit
-LIMITS = Limits(seconds=10.0, memory_mb=256, output_bytes=2048)
+LIMITS = Limits(seconds=10.0, memory_mb=256, output_bytes=2048, file_mb=8)
 
 
 @pytest.fixture
@@ -56,6 +56,8 @@ HOSTILE = {
     "huge output": ("while True:\n    print('spam' * 100)", "output over the limit of 2048 bytes"),
     "memory bomb": ("blocks = []\nwhile True:\n    blocks.append(bytearray(10 ** 7))",
                     "MemoryError: over the memory limit (256 MiB)"),
+    "fill the disk": ("with open('big', 'wb') as f:\n    for _ in range(64):\n        f.write(bytes(2 ** 20))",
+                      "OSError: [Errno 27] File too large"),
     "write to /tmp": ("open({tmp!r}, 'w').write('x')", "writing {tmp!r} is refused"),
     "overwrite run file": ("open({run!r} + '/metrics.jsonl', 'a').write('{{}}')", "writing "),
     "create in run folder": ("import pathlib; pathlib.Path({run!r}, 'checkpoints', 'evil').write_text('x')",
