@@ -1,6 +1,8 @@
 """The plugin contract suite (rlx.contract): every first-party distribution passes it, and
 each check catches the breach it is there for."""
 
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -130,3 +132,13 @@ def test_a_broken_distribution_fails_its_load_check(tmp_path, monkeypatch):
     failures = dict(run_checks("rlx-fake-gone"))
     assert "rlx-fake-gone failed to load: failed to import rlx_fake_gone" in failures["loads"]
     assert "is not installed" in dict(run_checks("rlx-not-there"))["loads"]
+
+
+def test_the_suite_runs_under_pytest_by_distribution_name(tmp_path):
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--pyargs", "rlx.contract"],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                         env={**os.environ, "RLX_CONTRACT": "rlx-reward-match"})
+    assert run.returncode == 0 and "5 passed" in run.stdout, run.stdout[-2000:]
+    cli = subprocess.run([sys.executable, "-m", "rlx_cli", "plugins", "check", "rlx-fake-nothing"],
+                         capture_output=True, text=True, timeout=300)
+    assert cli.returncode == 1 and "FAIL  loads" in cli.stdout and "is not installed" in cli.stdout

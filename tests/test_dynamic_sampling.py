@@ -1,6 +1,6 @@
 """Dynamic sampling inside the rollout: which groups a step keeps, and what it logs."""
 
-from rlx.online import PromptStream, rollout
+from rlx.online import PromptStream, generate_scored, rollout
 from rlx.plugins import build_host
 from rlx.rewards import RewardResult
 from rlx.rollout import Completion, SamplingParams
@@ -21,14 +21,18 @@ def reward(prompts, completions, labels, columns):
     return RewardResult(rewards=scores, scores=scores, metrics={})
 
 
+def sample(prompts, params):
+    return generate_scored(prompts, PatternEngine().generate, params, reward)
+
+
 def stream(count):
     return PromptStream([{"prompt_ids": [k], "prompt_text": str(k), "label": ""} for k in range(count)], seed=0)
 
 
 def test_only_mixed_groups_are_kept_and_more_prompts_are_drawn():
     sampler = build_host().get("register_samplers", "dynamic_filter")({"max_rounds": 5})
-    prompts, completions, rewards, metrics = rollout(stream(30), PatternEngine().generate, SamplingParams(n=N, seed=1),
-                                                     reward, sampler, batch=4)
+    prompts, completions, rewards, metrics = rollout(stream(30), sample, SamplingParams(n=N, seed=1), sampler,
+                                                     batch=4)
     assert len(prompts) == 4 and len(completions) == len(rewards) == 4 * N
     assert all(p["prompt_ids"][0] % 3 == 1 for p in prompts)  # only groups with signal
     assert 0 < metrics["sampler/pass_rate"] < 1 and metrics["sampler/rounds"] > 1
@@ -36,8 +40,7 @@ def test_only_mixed_groups_are_kept_and_more_prompts_are_drawn():
 
 def test_out_of_rounds_the_batch_is_filled_without_repeats():
     sampler = build_host().get("register_samplers", "dynamic_filter")({"max_rounds": 0})
-    prompts, completions, _, metrics = rollout(stream(30), PatternEngine().generate, SamplingParams(n=N, seed=1),
-                                               reward, sampler, batch=6)
+    prompts, completions, _, metrics = rollout(stream(30), sample, SamplingParams(n=N, seed=1), sampler, batch=6)
     ids = [p["prompt_ids"][0] for p in prompts]
     assert len(ids) == len(set(ids)) == 6 and len(completions) == 6 * N
     assert metrics["sampler/rounds"] == 1

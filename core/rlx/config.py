@@ -159,6 +159,14 @@ class RewardConfig:
 
 
 @dataclass
+class EnvironmentConfig:
+    name: str = opt("", "registered multi-turn environment (e.g. calculator); empty: one turn scored by reward.functions")
+    max_turns: int = opt(4, "turns of the policy per episode")
+    max_length: int = opt(256, "longest response of an episode in tokens, the environment's included")
+    options: dict[str, Any] = opt({}, "options passed to the environment's factory")
+
+
+@dataclass
 class LauncherConfig:
     name: Literal["local", "ray"] = opt("local", "where the roles run: local (this process, one device) or ray")
     ray_address: str = opt("", "join this Ray cluster (started with `ray start --head`); empty: start one here")
@@ -180,6 +188,7 @@ class RunConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    environment: EnvironmentConfig = field(default_factory=EnvironmentConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     algorithm: Any = None  # the algorithm's own config class
 
@@ -467,6 +476,8 @@ def validate(config: RunConfig) -> None:
         raise ConfigError("rollout.num_engines and rollout.tensor_parallel_size must be at least 1")
     if r.num_engines > 1 and config.launcher.name != "ray":
         raise ConfigError(f"rollout.num_engines={r.num_engines} needs launcher.name=ray (local runs one engine)")
+    if config.environment.name and (config.environment.max_turns < 1 or config.environment.max_length < 1):
+        raise ConfigError("environment.max_turns and environment.max_length must be at least 1")
     if r.overlap:
         if r.max_staleness < 1:
             raise ConfigError("rollout.max_staleness must be at least 1 with rollout.overlap")

@@ -8,7 +8,9 @@ In a plugin's own tests (``rlx plugins new`` writes this file)::
 
 pytest then runs one test per check, named after it (``loads``, ``light-import``,
 ``unique-names``, ``dependencies``, ``policy-loss:cispo``, ``algorithm:cispo:trains`` ...).
-``rlx plugins check rlx-myplugin`` runs the same checks from the command line.
+``rlx plugins check rlx-myplugin`` runs the same checks from the command line, and
+``RLX_CONTRACT=rlx-myplugin pytest --pyargs rlx.contract`` under pytest without a test
+file (``RLX_CONTRACT_TRAIN=0`` skips the training runs).
 
 What is checked, for the distribution and each component it registers:
 
@@ -80,6 +82,8 @@ def contract_tests(dist: str, *, train: bool | str = True):
 def checks(dist: str, *, train: bool | str = True, host: Host | None = None) -> list[Check]:
     """The checks of distribution ``dist``: the load checks first, then one or two a component."""
     host = host or build_host()
+    if dist not in host.plugins:  # nothing else can be checked
+        return [Check("loads", lambda: _loads(host, dist))]
     found = [Check("loads", lambda: _loads(host, dist)), Check("light-import", lambda: _light_import(dist)),
              Check("unique-names", lambda: _unique(host, dist)),
              Check("dependencies", lambda: _dependencies(host, dist))]
@@ -439,3 +443,24 @@ def _task(host: Host, hook: str, name: str) -> None:
     rows = prompt_rows(task, 4) + sft_rows(task, 4)
     if not all(isinstance(r.get("prompt"), str) and isinstance(r.get("label", r.get("response")), str) for r in rows):
         raise ContractError(f"task {name!r}: make(rng) must return {{'prompt': str, 'answer': str}}")
+
+
+# ---------------------------------------------------------------------------
+# `RLX_CONTRACT=rlx-myplugin pytest --pyargs rlx.contract`: the suite without a test file
+
+
+def pytest_generate_tests(metafunc) -> None:
+    if metafunc.function is not test_distribution:
+        return
+    dist = os.environ.get("RLX_CONTRACT", "")
+    found = checks(dist, train=os.environ.get("RLX_CONTRACT_TRAIN", "1") != "0") if dist else [Check("usage", _usage)]
+    metafunc.parametrize("check", found, ids=[c.id for c in found])
+
+
+def _usage() -> None:
+    raise ContractError("name the distribution to check: RLX_CONTRACT=rlx-myplugin pytest --pyargs rlx.contract")
+
+
+def test_distribution(check: Check) -> None:
+    """Run one contract check of the distribution named by ``RLX_CONTRACT``."""
+    check.run()

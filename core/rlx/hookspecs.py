@@ -94,6 +94,14 @@ def register_tasks(register: Register) -> None:
 
 
 @hookspec
+def register_environments(register: Register) -> None:
+    """Register multi-turn environments, chosen with ``environment.name``:
+    ``register(name, factory)``, where ``factory(**environment.options)`` makes one
+    ``rlx.environments.Environment`` per episode (async ``reset(row) -> str`` and
+    ``step(action) -> Step``)."""
+
+
+@hookspec
 def register_loggers(register: Register) -> None:
     """Register run loggers, chosen with ``logging.loggers``: ``register(name, factory)``,
     where ``factory(output_dir, options, *, start_step) -> logger`` opens one on rank 0 for

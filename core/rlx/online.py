@@ -59,7 +59,7 @@ def batch_of_completions(prompt_ids: list[list[int]], completions: list, pad_id:
         left, right = prompt_len - len(p), response_len - len(r)
         rows.append([pad_id] * left + p + r + [pad_id] * right)
         attention.append([0] * left + [1] * (len(p) + len(r)) + [0] * right)
-        actions.append([1] * len(r) + [0] * right)
+        actions.append(list(getattr(c, "action_mask", None) or [1] * len(r)) + [0] * right)  # an episode masks its observations
         if c.logprobs is not None and len(c.logprobs) != len(r):
             raise ValueError(f"the rollout engine gave {len(c.logprobs)} log-probs for {len(r)} tokens")
         logps.append(None if c.logprobs is None else list(c.logprobs) + [0.0] * right)
@@ -120,10 +120,11 @@ def generate_scored(prompts: list[dict], generate, params: SamplingParams, score
     return completions, result
 
 
-def rollout(stream: PromptStream, generate, params: SamplingParams, score, sampler, batch: int):
-    """Generate and score ``batch`` prompt groups; a sampler may reject groups and ask for more."""
+def rollout(stream: PromptStream, generate_scored, params: SamplingParams, sampler, batch: int):
+    """Generate and score ``batch`` prompt groups with ``generate_scored(prompts, params)``;
+    a sampler may reject groups and ask for more."""
     prompts = stream.take(batch)
-    completions, result = generate_scored(prompts, generate, params, score)
+    completions, result = generate_scored(prompts, params)
     metrics = dict(result.metrics)
     if sampler is None:
         return prompts, completions, result.rewards, metrics
@@ -141,7 +142,7 @@ def rollout(stream: PromptStream, generate, params: SamplingParams, score, sampl
         prompts = stream.take(batch)  # a whole batch per round, as DAPO draws, so rounds stay few
         # a fresh seed per round, or every round would draw the same random numbers
         params = dataclasses.replace(params, seed=None if params.seed is None else params.seed + round_ + 1)
-        completions, result = generate_scored(prompts, generate, params, score)
+        completions, result = generate_scored(prompts, params)
     metrics["sampler/pass_rate"] = len(kept) / seen
     metrics["sampler/rounds"] = round_ + 1
     # out of rounds: rejected groups fill the batch so that it keeps its size
@@ -150,15 +151,34 @@ def rollout(stream: PromptStream, generate, params: SamplingParams, score, sampl
             metrics)
 
 
+def environment_sampler(config: RunConfig, host, generate, tokenizer):
+    """``(prompts, params) -> (episodes, RewardResult)`` for a run with an environment."""
+    e = config.environment
+    if not e.name:
+        return None
+    from rlx.environments import run_episodes
+    from rlx.rewards import RewardResult
+
+    factory = host.get("register_environments", e.name)
+
+    def sample(prompts, params):
+        episodes, rewards, metrics = run_episodes(prompts, generate, params, partial(factory, **e.options), tokenizer,
+                                                  e.max_turns, e.max_length)
+        return episodes, RewardResult(rewards, rewards, {"reward/env": sum(rewards) / len(rewards), **metrics})
+
+    return sample
+
+
 @torch.no_grad()
-def evaluate(prompts: list[dict], generate, score, rollout_cfg, k: int, pass_score: float) -> dict[str, float]:
-    """Greedy score and sampled pass@k on held-out prompts."""
+def evaluate(prompts: list[dict], sample, rollout_cfg, k: int, pass_score: float) -> dict[str, float]:
+    """Greedy score and sampled pass@k on held-out prompts (``sample(prompts, params)``
+    generates and scores, as the rollouts do)."""
     if not prompts:
         return {}
     greedy = SamplingParams(n=1, greedy=True, max_new_tokens=rollout_cfg.max_new_tokens, stop=tuple(rollout_cfg.stop))
-    _, result = generate_scored(prompts, generate, greedy, score)
+    _, result = sample(prompts, greedy)
     sampled = dataclasses.replace(_sampling(rollout_cfg, k), seed=0)
-    _, sampled_result = generate_scored(prompts, generate, sampled, score)
+    _, sampled_result = sample(prompts, sampled)
     passed = [max(sampled_result.scores[i * k:(i + 1) * k]) >= pass_score for i in range(len(prompts))]
     return {
         "eval/greedy_score": sum(result.scores) / len(prompts),
@@ -202,6 +222,8 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
         raise RunError(f"no prompts in {config.data.path!r}")
 
     estimator = host.get("register_advantage_estimators", spec.estimator)
+    if config.environment.name:
+        host.get("register_environments", config.environment.name)  # an unknown name fails before anything loads
     sampler = host.get("register_samplers", a.sampler)(a.sampler_options) if a.sampler else None
     engine_name = host.hook.choose_rollout_engine(config=config) or r.engine
     engine_name = "native" if engine_name == "auto" else engine_name
@@ -232,6 +254,8 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
                          **sizes(ranks.critic_ranks)) if spec.value_loss else None)
         rollout_group = launcher.place_rollout(policy, config, tokenizer, engine_name)
         generate, score = partial(generate_balanced, rollout_group), partial(reward.wait, "score")
+        sample = environment_sampler(config, host, generate, tokenizer) or (
+            lambda prompts, params: generate_scored(prompts, generate, params, score))
         if a.off_policy_correction:
             host.get("register_off_policy_corrections", a.off_policy_correction)  # an unknown name fails now
 
@@ -255,7 +279,7 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
 
         def make_rollout(k: int):
             sampling = dataclasses.replace(params, seed=t.seed * 1_000_003 + k)
-            return rollout(stream, generate, sampling, score, sampler, a.rollout_batch_size)
+            return rollout(stream, sample, sampling, sampler, a.rollout_batch_size)
 
         ahead = RolloutsAhead(make_rollout, partial(launcher.sync_weights, policy, rollout_group),
                               r.max_staleness if r.overlap else 0, total, prompts, version=step, pending=pending)
@@ -278,7 +302,7 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
         logger = RunLogger(out, config.logging, total, start_step=step, rank=rank, host=host)
         pass_score = a.eval_pass_score
         if step == 0 and eval_prompts:
-            before = evaluate(eval_prompts, generate, score, r, a.eval_k, pass_score)
+            before = evaluate(eval_prompts, sample, r, a.eval_k, pass_score)
             log(f"before training: greedy accuracy {before['eval/greedy_accuracy']:.1%}, "
                 f"pass@{a.eval_k} {before[f'eval/pass@{a.eval_k}']:.1%}")
             logger.log(0, before)
@@ -363,7 +387,7 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
                     ahead.drain()
                     launcher.sync_weights(policy, rollout_group)
                     ahead.synced(step)
-                evaluated = evaluate(eval_prompts, generate, score, r, a.eval_k, pass_score)
+                evaluated = evaluate(eval_prompts, sample, r, a.eval_k, pass_score)
                 metrics.update(evaluated)
                 host.hook.on_eval_end(step=step, metrics=evaluated)
             logger.log(step, metrics)

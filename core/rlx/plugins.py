@@ -43,6 +43,7 @@ REGISTRIES = {
     "register_samplers": "sampler",
     "register_vlm_processors": "VLM processor",
     "register_tasks": "task",
+    "register_environments": "environment",
     "register_loggers": "logger",
 }
 
