@@ -104,3 +104,29 @@ def test_calculator_survives_an_expression_that_never_ends():
     started = time.monotonic()
     assert calculator("9 ** 9 ** 9 ** 9", Limits(seconds=1.0)) == "error: timed out after 1.0 s"
     assert time.monotonic() - started < 3
+
+
+def test_namespaces_hide_processes_make_the_file_system_read_only_and_cut_the_network(tmp_path):
+    """The kernel's layer on its own: a plain process (no audit policy) under ``_isolated``."""
+    import subprocess
+    import sys
+
+    from rlx.sandbox import _isolated, kernel_isolation
+
+    folder, outside = tmp_path / "box", tmp_path / "outside.txt"
+    folder.mkdir()
+    code = ("import socket, sys\n"
+            "import os\n"
+            "open('inside.txt', 'w').write('ok')\n"
+            "print(os.getpid(), len([p for p in os.listdir('/proc') if p.isdigit()]))\n"
+            f"for attempt in (lambda: open({str(outside)!r}, 'w'),\n"
+            "                lambda: socket.create_connection(('127.0.0.1', 9))):\n"
+            "    try:\n        attempt()\n    except OSError as e:\n        print(e.errno)\n")
+    run = subprocess.run(_isolated(str(folder), [sys.executable, "-I", "-c", code]), capture_output=True, text=True,
+                         cwd=folder, timeout=60)
+    if kernel_isolation():
+        # process 1 of its own namespace, alone in it; then EROFS and ENETUNREACH
+        assert run.stdout.split() == ["1", "1", "30", "101"], run.stderr
+        assert (folder / "inside.txt").read_text() == "ok" and not outside.exists()
+    else:  # the machine refuses the namespaces: the sandbox rightly runs on the policy alone
+        assert run.returncode != 0

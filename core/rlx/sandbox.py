@@ -12,12 +12,16 @@ group is killed), address space (``RLIMIT_AS``: allocations beyond it raise
 MemoryError), CPU time and file size (``RLIMIT_CPU``, ``RLIMIT_FSIZE``), and the
 combined size of stdout and stderr (the process is killed when it goes over).
 
+Where the machine allows user namespaces (``kernel_isolation()``), the child also runs
+in namespaces of its own: no network, no other processes in sight, and every mount
+read-only but its folder.
+
 A policy inside the child (a ``sys.addaudithook`` hook, ``rlx.sandbox_child``) refuses
 writes outside its folder, reads outside its folder and the Python installation, new
 processes, sockets and ctypes. It stops ordinary code, whether buggy or naively
 hostile; it is not a security boundary against code written to defeat it (Python
-cannot fully sandbox itself; PEP 578). The child runs as the same user as the caller.
-For code from an adversary, run the whole tool server in a container or VM as well.
+cannot fully sandbox itself; PEP 578), and reads are refused by it alone. For code
+from an adversary, run the whole tool server in a container or VM as well.
 docs/sandbox.md says the same with examples.
 
 The result comes back as JSON on a pipe of its own: nothing the child sends is
@@ -27,6 +31,7 @@ unpickled here.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import pickle
@@ -42,6 +47,25 @@ from typing import Any, Callable
 
 _CHILD = "from rlx.sandbox_child import main; main()"
 _MAX_RESULT = 16 * 1024 * 1024  # bytes of JSON result read back at most
+
+# Run in new user, mount, network and process-id namespaces (``unshare``), this makes every mount
+# read-only but the sandbox's folder, keeping the flags a user namespace locks, then
+# starts the child there. Exit status 97: a mount could not be changed.
+_READ_ONLY = r"""
+folder=$1; shift
+while read -r _ target _ options _; do
+  keep=""
+  IFS=,
+  for option in $options; do
+    case $option in nosuid|nodev|noexec|noatime|nodiratime|relatime|strictatime) keep="$keep,$option";; esac
+  done
+  unset IFS
+  mount -o "remount,bind,ro$keep" "$(printf %b "$target")" || exit 97
+done < /proc/self/mounts
+mount --bind "$folder" "$folder" && mount -o remount,bind,rw "$folder" && cd "$folder" || exit 97
+exec "$@"
+"""
+_MOUNTS_FAILED = 97
 
 
 @dataclass(frozen=True)
@@ -92,8 +116,9 @@ def _run(kind: str, payload, limits: Limits, import_roots: tuple[str, ...]) -> S
     request = pickle.dumps((dataclasses.asdict(limits), _package_root(_run) + import_roots, kind, payload))
     env = {"PATH": "/usr/bin:/bin", "HOME": folder, "TMPDIR": folder, "LANG": "C.UTF-8"}
     result_read, result_write = os.pipe()
+    argv = [sys.executable, "-I", "-c", _CHILD, folder, str(result_write)]
     try:
-        process = subprocess.Popen([sys.executable, "-I", "-c", _CHILD, folder, str(result_write)], cwd=folder,
+        process = subprocess.Popen(_isolated(folder, argv) if kernel_isolation() else argv, cwd=folder,
                                    env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                    pass_fds=(result_write,), start_new_session=True)
     except BaseException:
@@ -123,8 +148,33 @@ def _run(kind: str, payload, limits: Limits, import_roots: tuple[str, ...]) -> S
     except (ValueError, KeyError, TypeError):
         status = process.returncode
         how = f"was killed by {signal.Signals(-status).name}" if status < 0 else f"exited with status {status}"
+        if status == _MOUNTS_FAILED and kernel_isolation():
+            how += " (its file system could not be made read-only)"
         return SandboxResult(False, error=f"the process {how} without a result", stdout=stdout, stderr=stderr,
                              seconds=seconds)
+
+
+@functools.cache
+def kernel_isolation() -> bool:
+    """Whether sandboxed processes run in namespaces of their own: no network, no other
+    processes in sight, and a file system that is read-only except their folder. Needs ``unshare`` and user namespaces
+    (some machines forbid them); tried once per process."""
+    import subprocess
+
+    if shutil.which("unshare") is None:
+        return False
+    with tempfile.TemporaryDirectory(prefix="rlx-sandbox-") as folder:
+        try:
+            probe = subprocess.run(_isolated(folder, ["true"]), capture_output=True, timeout=30, cwd=folder)
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+    return probe.returncode == 0
+
+
+def _isolated(folder: str, argv: list[str]) -> list[str]:
+    """``argv`` run in new namespaces, with every mount read-only but ``folder``."""
+    return [shutil.which("unshare") or "unshare", "--user", "--map-root-user", "--mount", "--net", "--pid", "--fork",
+            "--mount-proc", "--propagation", "private", "sh", "-c", _READ_ONLY, "sh", folder, *argv]
 
 
 def _collect(process, result_fd: int, limits: Limits, deadline: float) -> tuple[dict[str, bytes], str]:

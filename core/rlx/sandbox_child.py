@@ -1,11 +1,13 @@
 """What runs inside a sandbox process (see ``rlx.sandbox``): limits, the audit policy, the call.
 
-Started as ``python -I -c "from rlx.sandbox_child import main; main()" FOLDER RESULT_FD``.
-It reads one pickled request from stdin: ``(limits, import_roots, kind, payload)`` (``limits`` a dict of ``rlx.sandbox.Limits``' fields), where
-``kind`` is ``"code"`` (payload: source text) or ``"function"`` (payload: the pickled
-``(function, args, kwargs)``, unpickled only once the policy is on, since unpickling
-imports the function's module). It writes one JSON line to RESULT_FD:
-``{"ok": bool, "value": ..., "error": str}``.
+Started as ``python -I -c "from rlx.sandbox_child import main; main()" FOLDER RESULT_FD``
+(inside ``unshare`` where the machine allows it). It reads one pickled request from
+stdin: ``(limits, import_roots, kind, payload)``, where ``limits`` holds
+``rlx.sandbox.Limits``' fields as a dict, ``import_roots`` are folders to import from
+besides Python's own paths, and ``kind`` is ``"code"`` (payload: source text) or
+``"function"`` (payload: the pickled ``(function, args, kwargs)``, unpickled only once
+the policy is on, since unpickling imports the function's module). It writes one JSON
+line to RESULT_FD: ``{"ok": bool, "value": ..., "error": str}``.
 
 Imports are kept to modules that open no processes, sockets or native libraries, so
 that nothing of the kind is already loaded when the policy starts refusing it.
