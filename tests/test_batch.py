@@ -51,3 +51,32 @@ def test_it_pickles_as_tensors():
     batch = make()
     again = pickle.loads(pickle.dumps(batch))
     assert torch.equal(again.input_ids, batch.input_ids) and again.prompt_len == batch.prompt_len
+
+
+def test_ragged_extras_follow_their_samples_through_select_split_and_concat():
+    # a VLM's pixel_values: every patch of the batch in one 2-D tensor; sample b owns
+    # prod(image_grid_thw) rows per image, and 0, 1 or 2 images
+    grids = [[[1, 2, 2]], [], [[1, 2, 4], [1, 2, 2]], [[1, 4, 4]], [[1, 2, 2]]]
+    patches = [torch.full((sum(t * h * w for t, h, w in g), 3), float(b)) for b, g in enumerate(grids)]
+    batch = make()
+    batch.extra = {"pixel_values": torch.cat(patches),
+                   "image_grid_thw": torch.tensor([g for gs in grids for g in gs]).reshape(-1, 3)}
+    batch.extra_rows = {"pixel_values": torch.tensor([len(p) for p in patches]),
+                        "image_grid_thw": torch.tensor([len(g) for g in grids])}
+
+    def owners(b):  # the sample each patch row came from, and each sample's grids
+        return b.extra["pixel_values"][:, 0].tolist(), b.extra["image_grid_thw"].tolist()
+
+    picked = batch.select([3, 0, 2, 1])
+    rows, grid = owners(picked)
+    assert rows == [3.0] * 16 + [0.0] * 4 + [2.0] * 12 and grid == [[1, 4, 4], [1, 2, 2], [1, 2, 4], [1, 2, 2]]
+    assert picked.extra_rows["pixel_values"].tolist() == [16, 4, 12, 0]
+    assert picked.extra_rows["image_grid_thw"].tolist() == [1, 1, 2, 0]
+    # each share's patches match its grids; concatenated, the shares give the batch back
+    for share in batch.split(3):
+        rows, grid = owners(share)
+        assert len(rows) == sum(t * h * w for t, h, w in grid)
+    whole = Batch.concat(batch.split(3))
+    assert torch.equal(whole.extra["pixel_values"], batch.extra["pixel_values"])
+    assert torch.equal(whole.extra_rows["pixel_values"], batch.extra_rows["pixel_values"])
+    assert owners(batch.select([1]))[0] == []  # a sample without images owns no rows

@@ -2,8 +2,12 @@
 
 A ``Batch`` holds padded tensors, prompts on the left and responses on the right, one
 row per sample. Fields the step has not reached yet are ``None`` (the reference's
-log-probs before the reference has scored the batch ...). ``extra`` carries per-sample
-model inputs beyond token ids (image tensors, say), each with the samples on dim 0.
+log-probs before the reference has scored the batch ...). ``extra`` carries model inputs
+beyond token ids (image tensors, say). An entry named in ``extra_rows`` is ragged: each
+sample owns ``extra_rows[key][b]`` consecutive rows of it (a VLM's ``pixel_values`` holds
+every image patch of the batch, a sample's patches together); any other entry has the
+samples on dim 0. ``position_ids`` is [B, axes, P + R] for models with several rotary
+axes (M-RoPE).
 
 It splits by rank (``split``), comes back together (``concat``), takes any subset of
 its samples (``select``) and pickles as plain tensors, so a launcher can ship it to a
@@ -34,7 +38,8 @@ class Batch:
     advantages: torch.Tensor | None = None  # [B, R]
     returns: torch.Tensor | None = None  # [B, R]
     policy_version: torch.Tensor | None = None  # [B] the policy version that generated each sample
-    extra: dict[str, torch.Tensor] = field(default_factory=dict)  # per-sample model inputs
+    extra: dict[str, torch.Tensor] = field(default_factory=dict)  # model inputs beyond token ids
+    extra_rows: dict[str, torch.Tensor] = field(default_factory=dict)  # [B] rows of each ragged extra per sample
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -46,7 +51,10 @@ class Batch:
     def select(self, index: list[int] | torch.Tensor) -> "Batch":
         """The samples at ``index``, in that order."""
         picked = {name: value[index] for name, value in self._tensors().items()}
-        return dataclasses.replace(self, **picked, extra={k: v[index] for k, v in self.extra.items()})
+        extra = {k: _ragged_select(v, self.extra_rows[k], index) if k in self.extra_rows else v[index]
+                 for k, v in self.extra.items()}
+        return dataclasses.replace(self, **picked, extra=extra,
+                                   extra_rows={k: v[index] for k, v in self.extra_rows.items()})
 
     def split(self, parts: int) -> list["Batch"]:
         """``parts`` contiguous shares of nearly equal size (a rank's share each); every
@@ -71,7 +79,8 @@ class Batch:
                     raise ValueError(f"field {f.name!r} is set in some batches and not in others")
                 joined[f.name] = torch.cat(values)
         extra = {k: torch.cat([b.extra[k] for b in batches]) for k in first.extra}
-        return dataclasses.replace(first, **joined, extra=extra)
+        rows = {k: torch.cat([b.extra_rows[k] for b in batches]) for k in first.extra_rows}
+        return dataclasses.replace(first, **joined, extra=extra, extra_rows=rows)
 
     def to(self, device) -> "Batch":
         moved = {name: value.to(device) for name, value in self._tensors().items()}
@@ -81,3 +90,14 @@ class Batch:
     def responses(self) -> torch.Tensor:
         """The response tokens, [B, R]."""
         return self.input_ids[:, self.prompt_len:]
+
+
+def _ragged_select(values: torch.Tensor, rows: torch.Tensor, index: list[int] | torch.Tensor) -> torch.Tensor:
+    """The rows of the samples at ``index`` (in that order) of a tensor whose sample ``b``
+    owns ``rows[b]`` consecutive rows."""
+    starts = (rows.cumsum(0) - rows).tolist()
+    counts = rows.tolist()
+    index = index.tolist() if isinstance(index, torch.Tensor) else index
+    if not index:
+        return values[:0]
+    return torch.cat([values[starts[i]:starts[i] + counts[i]] for i in index])

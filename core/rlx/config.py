@@ -42,6 +42,9 @@ class ModelConfig:
         "auto", "attention kernel; auto takes flash-attn when installed, else SDPA")
     gradient_checkpointing: bool = opt(False, "recompute activations in the backward pass to save memory")
     trust_remote_code: bool = opt(False, "allow model code from the model folder")
+    vlm_processor: str = opt("", "VLM processor for image data: a registered name, or auto (transformers' "
+                                 "AutoProcessor); empty: the one registered for the model's type")
+    freeze_vision: bool = opt(False, "VLMs: keep the vision tower's weights fixed (only the language model trains)")
     lora: LoraConfig = field(default_factory=LoraConfig)
 
 
@@ -59,6 +62,9 @@ class DataConfig:
     rejected_key: str = opt("rejected", "column holding the dispreferred response (pairs)")
     completion_key: str = opt("completion", "column holding the completion (unpaired data)")
     desirable_key: str = opt("desirable", "column holding the desirable flag (unpaired data)")
+    image_key: str = opt("images", "column holding a row's images (VLMs): paths, bytes or base64, one or a list")
+    min_pixels: int = opt(0, "VLMs: images smaller than this many pixels are scaled up (0: the model's default)")
+    max_pixels: int = opt(0, "VLMs: images larger than this many pixels are scaled down (0: the model's default)")
     chat_template: str = opt("auto", "auto: the tokenizer's template when it has one; none: plain text; else a Jinja template or a file holding one")
     max_prompt_length: int = opt(256, "prompts longer than this (tokens) are truncated from the left")
     max_length: int = opt(512, "prompt + response longer than this (tokens) is truncated")

@@ -21,7 +21,7 @@ import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from rlx.config import DataConfig
 from rlx.errors import DataError
@@ -39,6 +39,10 @@ class Messages:
 
 class Conversation(Messages):
     """Type marker: chat messages that include at least one assistant message."""
+
+
+class ImageMessages(Messages):
+    """Type marker: chat messages whose contents may be lists of text and image items."""
 
 
 @dataclass(frozen=True)
@@ -257,12 +261,15 @@ class Schema:
     ``Conversation`` for chat messages); ``nonempty`` keys must not be blank
     strings; each pair in ``distinct`` must differ. A row that has the key
     ``instead[0]`` is checked against the schema ``instead[1]`` rather than this one.
+    ``check(row)``, when set, looks further at a row that passes the rest (its images,
+    say) and returns what is wrong, or None.
     """
 
     required: dict[str, tuple[type, ...]]
     nonempty: tuple[str, ...] = ()
     distinct: tuple[tuple[str, str], ...] = ()
     instead: tuple[str, Schema] | None = None
+    check: Callable[[dict], str | None] | None = None
 
     def for_row(self, row: dict) -> Schema:
         if self.instead is not None and row.get(self.instead[0]) is not None:
@@ -305,6 +312,8 @@ def validate_rows(
     good, skipped, errors = [], 0, []
     for index, row in enumerate(source.rows):
         problem = _row_problem(row, schema)
+        if problem is None and schema.check is not None:
+            problem = schema.check(row)
         if problem is None:
             good.append(row)
             continue
@@ -346,7 +355,8 @@ def _row_problem(row: Any, schema: Schema) -> str | None:
 def _type_problem(value: Any, types: tuple[type, ...]) -> str | None:
     messages = [t for t in types if issubclass(t, Messages)]
     if messages and isinstance(value, list):
-        return _messages_problem(value, need_assistant=issubclass(messages[0], Conversation))
+        return _messages_problem(value, need_assistant=issubclass(messages[0], Conversation),
+                                 items=issubclass(messages[0], ImageMessages))
     plain = tuple(t for t in types if not issubclass(t, Messages))
     if isinstance(value, plain) and not (isinstance(value, bool) and bool not in plain):
         return None
@@ -354,7 +364,7 @@ def _type_problem(value: Any, types: tuple[type, ...]) -> str | None:
     return f"should be {names}, got {type(value).__name__} {_short(value)}"
 
 
-def _messages_problem(messages: list, need_assistant: bool) -> str | None:
+def _messages_problem(messages: list, need_assistant: bool, items: bool = False) -> str | None:
     if not messages:
         return "is an empty list of messages"
     for i, message in enumerate(messages, 1):
@@ -363,10 +373,26 @@ def _messages_problem(messages: list, need_assistant: bool) -> str | None:
         for field in ("role", "content"):
             if field not in message:
                 return f"message {i} has no {field!r}"
-            if not isinstance(message[field], str):
+            if items and field == "content" and isinstance(message[field], list):
+                problem = _items_problem(message[field])
+                if problem:
+                    return f"message {i} {problem}"
+            elif not isinstance(message[field], str):
                 return f"message {i} {field!r} should be str, got {type(message[field]).__name__}"
     if need_assistant and not any(m["role"] == "assistant" for m in messages):
         return "has no assistant message to train on"
+    return None
+
+
+def _items_problem(content: list) -> str | None:
+    """What is wrong with a list of content items (``{"type": "text", "text"}`` or
+    ``{"type": "image"}``), or None."""
+    for j, item in enumerate(content, 1):
+        kind = item.get("type") if isinstance(item, dict) else None
+        if kind not in ("text", "image", "image_url"):
+            return f"content item {j} should be an object with type text or image, got {_short(item)}"
+        if kind == "text" and not isinstance(item.get("text"), str):
+            return f"content item {j} (text) has no 'text' string"
     return None
 
 

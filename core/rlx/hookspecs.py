@@ -84,7 +84,8 @@ def register_samplers(register: Register) -> None:
 @hookspec
 def register_vlm_processors(register: Register) -> None:
     """Register multimodal processors: ``register(name, factory)``, where
-    ``factory(model_path, *, config) -> processor``."""
+    ``factory(model_path, *, config) -> processor`` and ``processor.encode(prompt, images)``
+    returns an ``rlx.multimodal.VisionPrompt``; ``name`` is the ``model_type`` it serves."""
 
 
 @hookspec

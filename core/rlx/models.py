@@ -174,10 +174,31 @@ def load_causal_lm(cfg: ModelConfig, device: torch.device, *, path: str | None =
     gradient checkpointing and LoRA as configured; a frozen one is in eval mode with no
     gradients.
     """
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-    model = _from_pretrained(AutoModelForCausalLM, cfg, device, path)
+    from rlx.multimodal import model_type
+
+    source = resolve_path(path or cfg.path)
+    _check_model_folder(source)
+    is_vlm = Path(source).expanduser().is_dir() and model_type(source)[1]
+    model = _from_pretrained(AutoModelForImageTextToText if is_vlm else AutoModelForCausalLM, cfg, device, path)
+    if is_vlm and cfg.freeze_vision and trainable:
+        vision_tower(model).requires_grad_(False)
     return _prepare_for_training(model, cfg, "CAUSAL_LM") if trainable else _freeze(model)
+
+
+VISION_TOWERS = ("visual", "vision_tower", "vision_model")
+
+
+def vision_tower(model) -> torch.nn.Module:
+    """The image encoder of a VLM: the submodule named ``visual`` (Qwen-VL),
+    ``vision_tower`` (LLaVA and others) or ``vision_model``."""
+    hf = hf_module(model)
+    for owner in (hf, getattr(hf, "model", None)):
+        for name in VISION_TOWERS:
+            if isinstance(getattr(owner, name, None), torch.nn.Module):
+                return getattr(owner, name)
+    raise ModelError(f"model.freeze_vision: {type(hf).__name__} has no vision tower named {', '.join(VISION_TOWERS)}")
 
 
 def load_value_model(cfg: ModelConfig, device: torch.device, *, path: str | None = None, trainable: bool = True):
@@ -297,13 +318,14 @@ class _NextTokenLogprob(torch.autograd.Function):
 
 
 def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                   position_ids: torch.Tensor | None = None, temperature: float = 1.0) -> torch.Tensor:
+                   position_ids: torch.Tensor | None = None, temperature: float = 1.0, **inputs) -> torch.Tensor:
     """Log-probability of each next token under ``model``: ``[B, T - 1]`` in float32.
 
-    Entry ``t`` scores ``input_ids[:, t + 1]`` given the tokens up to ``t``.
+    Entry ``t`` scores ``input_ids[:, t + 1]`` given the tokens up to ``t``. ``inputs``
+    go to the model too (a VLM's image tensors).
     """
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                   use_cache=False).logits
+                   use_cache=False, **inputs).logits
     return _NextTokenLogprob.apply(logits, input_ids, float(temperature))
 
 
@@ -363,10 +385,12 @@ def engine_weights(model, state: dict[str, torch.Tensor]) -> dict[str, torch.Ten
     """The weights a rollout engine with its own copy of the model loads: checkpoint names
     and, under LoRA, the adapters merged and only the layers that carry them (with the
     layers an engine fuses them with: q/k/v, gate/up). ``state`` is ``model.state_dict()``
-    with full weights."""
+    with full weights. Weights that do not train (a frozen vision tower) are left out: the
+    engine holds them already."""
     model = _unwrap_engine(model)
     if not hasattr(model, "merge_and_unload"):
-        return state
+        frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
+        return {k: v for k, v in state.items() if k not in frozen} if frozen else state
     adapted = {k.split(".lora_A.")[0].removeprefix("base_model.model.") for k in state if ".lora_A." in k}
     for prefix in list(adapted):
         owner, _, leaf = prefix.rpartition(".")
@@ -391,7 +415,7 @@ def save_hf(model, tokenizer, out_dir: str | Path, *, state_dict: dict[str, torc
     replica = _cpu_replica(model, state_dict if state_dict is not None else _cpu_state(model))
     if hasattr(replica, "merge_and_unload"):
         replica = replica.merge_and_unload()
-    if replica.config.pad_token_id is None and tokenizer is not None:
+    if getattr(replica.config, "pad_token_id", None) is None and tokenizer is not None:
         # sequence-classification heads find the last token through the pad id
         replica.config.pad_token_id = tokenizer.pad_token_id
     replica.save_pretrained(out)

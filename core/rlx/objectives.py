@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import torch
 
-from rlx import data, models
+from rlx import data, models, multimodal
 from rlx.algorithm import AlgorithmSpec, PreferenceScores, UnpairedScores
 from rlx.config import RunConfig
 from rlx.errors import RunError
@@ -47,12 +47,27 @@ class Objective:
     begin_step: Callable[[Any, list[dict], Any], None] | None = None
 
 
-def _sft_objective(config: RunConfig, spec: AlgorithmSpec, host, tokenizer, device) -> Objective:
+def _image_inputs(rows_inputs: list, seqs: list[list[int]], width: int, device) -> dict:
+    """Model keyword arguments for right-padded ``seqs`` whose prompts carry ``rows_inputs``
+    (``ModelInputs``, one per sequence): image tensors and multi-axis positions. Empty for
+    text-only rows (None)."""
+    if rows_inputs[0] is None:
+        return {}
+    extra, _ = multimodal.collate(rows_inputs)
+    kwargs = {k: v.to(device) for k, v in multimodal.present(extra).items()}
+    if rows_inputs[0].positions is not None:
+        positions = multimodal.padded_positions([i.positions for i in rows_inputs], [len(s) for s in seqs], width,
+                                                left=False)
+        kwargs["position_ids"] = multimodal.model_positions(positions.to(device))
+    return kwargs
+
+
+def _sft_objective(config: RunConfig, spec: AlgorithmSpec, host, tokenizer, device, vision=None) -> Objective:
     cfg = config.data
     pad_id = tokenizer.pad_token_id
 
     def encode(row):
-        return data.encode_sft(row, tokenizer, cfg)
+        return vision.encode_sft(row) if vision is not None else data.encode_sft(row, tokenizer, cfg)
 
     def count(rows):
         return sum(sum(r["loss_mask"][1:]) for r in rows)
@@ -65,8 +80,9 @@ def _sft_objective(config: RunConfig, spec: AlgorithmSpec, host, tokenizer, devi
                                          position_ids=batch["position_ids"].to(device))
         else:
             batch = data.pad_batch(seqs, masks, pad_id)
+            images = _image_inputs([r.get("inputs") for r in rows], seqs, batch["input_ids"].shape[1], device)
             logp = models.token_logprobs(model, batch["input_ids"].to(device),
-                                         attention_mask=batch["attention_mask"].to(device))
+                                         attention_mask=batch["attention_mask"].to(device), **images)
         mask = batch["loss_mask"][:, 1:].to(device).to(logp.dtype)
         if config.training.packing:
             # the first token of each packed sample is predicted from the previous sample
@@ -109,11 +125,13 @@ def _reward_model_objective(config: RunConfig, spec: AlgorithmSpec, host, tokeni
     return Objective(encode, count, loss, extra_keys={margin_key: (int, float)} if margin_key else {})
 
 
-def _summed_logps(model, seqs: list[list[int]], masks: list[list[int]], pad_id: int, device):
-    """Summed response log-probs [B] and response token counts [B] of one padded batch."""
+def _summed_logps(model, seqs: list[list[int]], masks: list[list[int]], pad_id: int, device, inputs=None):
+    """Summed response log-probs [B] and response token counts [B] of one padded batch
+    (``inputs``: each sequence's image inputs, or None)."""
     batch = data.pad_batch(seqs, masks, pad_id)
+    images = _image_inputs(inputs, seqs, batch["input_ids"].shape[1], device) if inputs else {}
     logp = models.token_logprobs(model, batch["input_ids"].to(device),
-                                 attention_mask=batch["attention_mask"].to(device))
+                                 attention_mask=batch["attention_mask"].to(device), **images)
     mask = batch["loss_mask"][:, 1:].to(device).to(logp.dtype)  # entry t scores token t + 1
     return (logp * mask).sum(-1), mask.sum(-1)
 
@@ -145,13 +163,15 @@ def _pair_fingerprint(examples: list[dict], model_path: str) -> str:
     digest = hashlib.sha256(model_path.encode())
     for e in examples:
         digest.update(repr((e["chosen_ids"], e["chosen_mask"], e["rejected_ids"], e["rejected_mask"])).encode())
+        for tensor in e["inputs"].tensors.values() if "inputs" in e else ():
+            digest.update(tensor.numpy().tobytes())
     return digest.hexdigest()
 
 
 REFERENCE_CACHE = "reference_logps.pt"
 
 
-def _pairs_lm_objective(config: RunConfig, spec: AlgorithmSpec, host, tokenizer, device) -> Objective:
+def _pairs_lm_objective(config: RunConfig, spec: AlgorithmSpec, host, tokenizer, device, vision=None) -> Objective:
     """DPO-style losses on an LM: summed response log-probs of chosen and rejected.
 
     Chosen and rejected go through one forward in one padded batch. With
@@ -168,7 +188,7 @@ def _pairs_lm_objective(config: RunConfig, spec: AlgorithmSpec, host, tokenizer,
     micro = config.training.micro_batch_size
 
     def encode(row):
-        return data.encode_pair(row, tokenizer, cfg)
+        return vision.encode_pair(row) if vision is not None else data.encode_pair(row, tokenizer, cfg)
 
     def count(rows):
         return len(rows)
@@ -176,7 +196,8 @@ def _pairs_lm_objective(config: RunConfig, spec: AlgorithmSpec, host, tokenizer,
     def scores_of(model, rows):
         seqs = [r["chosen_ids"] for r in rows] + [r["rejected_ids"] for r in rows]
         masks = [r["chosen_mask"] for r in rows] + [r["rejected_mask"] for r in rows]
-        return _summed_logps(model, seqs, masks, pad_id, device)
+        inputs = [r["inputs"] for r in rows] * 2 if "inputs" in rows[0] else None
+        return _summed_logps(model, seqs, masks, pad_id, device, inputs)
 
     def prepare(train_examples, eval_examples, out: Path, resume: bool, log):
         if not precompute:

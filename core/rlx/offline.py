@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from rlx import data, models
+from rlx import data, models, multimodal
 from rlx.algorithm import AlgorithmSpec
 from rlx.checkpoint import resume_latest
 from rlx.config import RunConfig
@@ -45,26 +45,37 @@ def _schema(config: RunConfig, spec: AlgorithmSpec, objective: Objective) -> dat
     return schema
 
 
-def _load_examples(config: RunConfig, spec: AlgorithmSpec, host, objective: Objective, log) -> tuple[list, list]:
+def _load_examples(config: RunConfig, spec: AlgorithmSpec, host, objective: Objective, log,
+                   vision=None) -> tuple[list, list]:
     tasks = host.registry("register_tasks").items
     schema = _schema(config, spec, objective)
-    train = data.load_rows(config.data.path, config.data, split=config.data.split,
-                           task_format=spec.data, tasks=tasks)
-    train_rows, skipped, _ = data.validate_rows(train, schema, config.data.skip_bad_rows)
-    if skipped:
-        log(f"skipped {skipped} malformed rows of {train.source}")
+
+    def load(path: str, split: str) -> list[dict]:
+        # with images, each row's images are read and checked with the rest of the row
+        checked = vision.reading(path).schema(schema) if vision is not None else schema
+        source = data.load_rows(path, config.data, split=split, task_format=spec.data, tasks=tasks)
+        rows, skipped, _ = data.validate_rows(source, checked, config.data.skip_bad_rows)
+        if skipped:
+            log(f"skipped {skipped} malformed rows of {source.source}")
+        return rows
+
+    def encode(path: str, rows: list[dict]) -> list[dict]:
+        if vision is not None:
+            vision.reading(path)  # relative image paths are looked up beside the rows' file
+        return [objective.encode(r) for r in rows]
+
+    train_rows = load(config.data.path, config.data.split)
     if config.data.eval_path or config.data.path.startswith("builtin:"):
-        source = data.load_rows(config.data.eval_path or config.data.path, config.data, split="test",
-                                task_format=spec.data, tasks=tasks)
-        eval_rows, _, _ = data.validate_rows(source, schema, config.data.skip_bad_rows)
+        eval_path = config.data.eval_path or config.data.path
+        eval_rows = load(eval_path, "test")
         eval_rows = eval_rows[:config.data.eval_size] if config.data.eval_size else []
     else:
         # hold out the last rows of a user's file; they never enter training
-        n = min(config.data.eval_size, len(train_rows) // 5)
+        eval_path, n = config.data.path, min(config.data.eval_size, len(train_rows) // 5)
         train_rows, eval_rows = train_rows[:len(train_rows) - n], train_rows[len(train_rows) - n:]
     if config.data.max_samples:
         train_rows = train_rows[:config.data.max_samples]
-    return [objective.encode(r) for r in train_rows], [objective.encode(r) for r in eval_rows]
+    return encode(config.data.path, train_rows), encode(eval_path, eval_rows)
 
 
 def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bool, log=print) -> dict[str, float]:
@@ -76,9 +87,12 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
     torch.manual_seed(t.seed)
     device = models.resolve_device(t.device)
     tokenizer = models.load_tokenizer(config.model.path)
-    # the driver's own objective only encodes rows; the worker's computes the losses
-    examples, eval_examples = _load_examples(config, spec, host, OBJECTIVES[key](config, spec, host, tokenizer,
-                                                                                 device), log)
+    vision = multimodal.vision_data(config, host, tokenizer)
+    if vision is not None:
+        multimodal.check_supported(config, spec)
+    # the driver's own objective only encodes rows (images included); the worker's computes the losses
+    objective = OBJECTIVES[key](config, spec, host, tokenizer, device, **({"vision": vision} if vision else {}))
+    examples, eval_examples = _load_examples(config, spec, host, objective, log, vision)
     if not examples:
         raise RunError(f"no training rows in {config.data.path!r}")
     per_epoch = math.ceil(len(examples) / t.batch_size)
@@ -120,6 +134,8 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
         policy.wait("save", checkpoints, step, keep=config.checkpoint.keep)
         if config.checkpoint.save_final:
             policy.wait("save_final", tokenizer, out / "final")
+            if vision is not None:
+                multimodal.copy_processor_files(config.model.path, out / "final")
         return metrics
     finally:
         launcher.shutdown()

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from rlx import data, models, ops
+from rlx import data, models, multimodal, ops
 from rlx.ahead import RolloutsAhead
 from rlx.algorithm import AlgorithmSpec, call_with_accepted
 from rlx.batch import Batch
@@ -49,8 +49,9 @@ from rlx.workers.rollout import generate_balanced
 
 
 def batch_of_completions(prompt_ids: list[list[int]], completions: list, pad_id: int, rewards: list[float],
-                         group_ids: list[int], device) -> Batch:
-    """The padded batch of a rollout: prompts left-padded, responses right-padded."""
+                         group_ids: list[int], device, inputs: list | None = None) -> Batch:
+    """The padded batch of a rollout: prompts left-padded, responses right-padded. ``inputs``
+    (one ``ModelInputs`` per sample) adds image tensors and multi-axis positions."""
     prompt_len = max(len(p) for p in prompt_ids)
     response_len = max(1, max(len(c.token_ids) for c in completions))
     rows, attention, actions, logps = [], [], [], []
@@ -65,6 +66,15 @@ def batch_of_completions(prompt_ids: list[list[int]], completions: list, pad_id:
         logps.append(None if c.logprobs is None else list(c.logprobs) + [0.0] * right)
     attention_mask = torch.tensor(attention, device=device)
     has_logps = all(lp is not None for lp in logps)
+    positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    extra, extra_rows = {}, {}
+    if inputs is not None:
+        extra, extra_rows = multimodal.collate(inputs)
+        extra = {k: v.to(device) for k, v in extra.items()}
+        if inputs[0].positions is not None:
+            lengths = [len(p) + response_len for p in prompt_ids]  # the right padding continues the count
+            positions = multimodal.padded_positions([i.positions for i in inputs], lengths, prompt_len + response_len,
+                                                    left=True).to(device)
     return Batch(
         input_ids=torch.tensor(rows, device=device),
         attention_mask=attention_mask,
@@ -74,6 +84,8 @@ def batch_of_completions(prompt_ids: list[list[int]], completions: list, pad_id:
         rewards=torch.tensor(rewards, device=device, dtype=torch.float32),
         group_ids=torch.tensor(group_ids, device=device),
         rollout_logp=torch.tensor(logps, device=device, dtype=torch.float32) if has_logps else None,
+        extra=extra,
+        extra_rows=extra_rows,
     )
 
 
@@ -108,8 +120,13 @@ class PromptStream:
 
 
 def generate_scored(prompts: list[dict], generate, params: SamplingParams, score) -> tuple[list, Any]:
-    """``generate(prompt_ids, params)`` completions of ``prompts`` and their ``score(...)``."""
-    completions = generate([p["prompt_ids"] for p in prompts], params)
+    """``generate(prompt_ids, params)`` completions of ``prompts`` (with their image inputs,
+    when they have any) and their ``score(...)``."""
+    ids = [p["prompt_ids"] for p in prompts]
+    if "inputs" in prompts[0]:
+        completions = generate(ids, params, [p["inputs"] for p in prompts])
+    else:
+        completions = generate(ids, params)
     n = params.n
     texts = [p["prompt_text"] for p in prompts for _ in range(n)]
     labels = [p["label"] for p in prompts for _ in range(n)]
@@ -192,14 +209,19 @@ def _sampling(r, n: int) -> SamplingParams:
                           max_new_tokens=r.max_new_tokens, stop=tuple(r.stop))
 
 
-def _load_prompts(config: RunConfig, host, tokenizer, split: str, log) -> list[dict]:
-    source = data.load_rows(config.data.path if split != "test" or not config.data.eval_path
-                            else config.data.eval_path, config.data, split=split, task_format="prompts",
+def _load_prompts(config: RunConfig, host, tokenizer, split: str, log, vision=None) -> list[dict]:
+    """The split's prompts, encoded; with ``vision`` (a model that sees images) each row's
+    images are read, checked and encoded too."""
+    path = config.data.path if split != "test" or not config.data.eval_path else config.data.eval_path
+    source = data.load_rows(path, config.data, split=split, task_format="prompts",
                             tasks=host.registry("register_tasks").items)
-    rows, skipped, _ = data.validate_rows(source, data.required_keys(config.data, "prompts"),
+    schema = data.required_keys(config.data, "prompts")
+    rows, skipped, _ = data.validate_rows(source, vision.reading(path).schema(schema) if vision else schema,
                                           config.data.skip_bad_rows)
     if skipped:
         log(f"skipped {skipped} malformed rows of {source.source}")
+    if vision is not None:
+        return [vision.encode_prompt(r) for r in rows]
     return [data.encode_prompt(r, tokenizer, config.data) for r in rows]
 
 
@@ -211,13 +233,16 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
     torch.manual_seed(t.seed)
     device = models.resolve_device(t.device)
     tokenizer = models.load_tokenizer(config.model.path)
+    vision = multimodal.vision_data(config, host, tokenizer)
+    if vision is not None:
+        multimodal.check_supported(config, spec)
 
-    prompts = _load_prompts(config, host, tokenizer, config.data.split, log)
+    prompts = _load_prompts(config, host, tokenizer, config.data.split, log, vision)
     if config.data.max_samples:
         prompts = prompts[:config.data.max_samples]
     eval_prompts = []
     if config.data.eval_path or config.data.path.startswith("builtin:"):
-        eval_prompts = _load_prompts(config, host, tokenizer, "test", log)[:a.eval_size]
+        eval_prompts = _load_prompts(config, host, tokenizer, "test", log, vision)[:a.eval_size]
     if not prompts:
         raise RunError(f"no prompts in {config.data.path!r}")
 
@@ -316,7 +341,9 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
                 rollout_group.wait("sleep")  # the engines' memory goes to training until the sync
             prompt_ids = [p["prompt_ids"] for p in batch_prompts for _ in range(a.n_samples)]
             group_ids = [i for i in range(len(batch_prompts)) for _ in range(a.n_samples)]
-            batch = batch_of_completions(prompt_ids, completions, tokenizer.pad_token_id, rewards, group_ids, device)
+            batch = batch_of_completions(prompt_ids, completions, tokenizer.pad_token_id, rewards, group_ids, device,
+                                         [p["inputs"] for p in batch_prompts for _ in range(a.n_samples)]
+                                         if vision is not None else None)
             batch.policy_version = torch.full((len(batch),), made_by)
             if a.off_policy_correction and batch.rollout_logp is None:
                 raise RunError(f"algorithm.off_policy_correction={a.off_policy_correction!r} needs the rollout "
@@ -406,6 +433,8 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
                 f"pass@{a.eval_k} {metrics[f'eval/pass@{a.eval_k}']:.1%}")
         if config.checkpoint.save_final:
             policy.wait("save_final", tokenizer, out / "final")
+            if vision is not None:
+                multimodal.copy_processor_files(config.model.path, out / "final")
             if critic is not None:
                 critic.wait("save_final", tokenizer, out / "final_critic")
         return metrics

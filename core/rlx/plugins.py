@@ -272,7 +272,8 @@ def report_failures(host: Host) -> None:
     for dist, reason in host.failures.items():
         if (dist, reason) not in _reported:
             _reported.add((dist, reason))
-            print(f"Warning: plugin {dist} was left out: {reason}", file=sys.stderr)
+            left_out = "" if dist in host.plugins else " (left out; the other plugins work)"
+            print(f"Warning: plugin {dist}{left_out}: {reason}", file=sys.stderr)
 
 
 _host: Host | None = None

@@ -15,7 +15,9 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import torch
 from transformers import DynamicCache
 
+from rlx import ops
 from rlx.engines.static_decode import StaticDecoder, sample, supports
+from rlx.multimodal import ModelInputs, collate, model_positions, padded_positions, present
 
 
 @dataclass
@@ -58,8 +60,10 @@ class Completion:
 class RolloutEngine(Protocol):
     """What trainers need from an inference engine."""
 
-    def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> list[Completion]:
-        """``params.n`` completions per prompt, prompt-major: prompt 0's n, then prompt 1's ..."""
+    def generate(self, prompt_ids: list[list[int]], params: SamplingParams,
+                 inputs: list[ModelInputs] | None = None) -> list[Completion]:
+        """``params.n`` completions per prompt, prompt-major: prompt 0's n, then prompt 1's ...
+        ``inputs`` gives each prompt's model inputs beyond its ids (images), when it has any."""
         ...
 
     def update_weights(self, weights: torch.nn.Module | Mapping[str, torch.Tensor]) -> None:
@@ -108,6 +112,7 @@ class NativeEngine(RolloutEngine):
         self.eos_ids = _eos_ids(model, tokenizer)
         self.pad_id = _pad_id(model, tokenizer, self.eos_ids)
         self.static = StaticDecoder(model, self.device, graphs=cuda_graphs) if supports(model) else None
+        self.banned = _vision_ids(model.config, self.device)
 
     def sleep(self) -> None:
         """Free the decode loop's KV cache and CUDA graphs while the policy trains: the
@@ -126,7 +131,8 @@ class NativeEngine(RolloutEngine):
         if unexpected:
             raise ValueError(f"update_weights: the model has no tensors named {unexpected[:5]}")
 
-    def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> list[Completion]:
+    def generate(self, prompt_ids: list[list[int]], params: SamplingParams,
+                 inputs: list[ModelInputs] | None = None) -> list[Completion]:
         if any(len(p) == 0 for p in prompt_ids):
             raise ValueError("every prompt needs at least one token")
         if params.n < 1:
@@ -142,13 +148,15 @@ class NativeEngine(RolloutEngine):
                 completions = []
                 for start in range(0, len(prompt_ids), prompts_per_batch):
                     batch = prompt_ids[start : start + prompts_per_batch]
-                    completions += self._generate_batch(batch, start, params, generator)
+                    batch_inputs = inputs[start : start + prompts_per_batch] if inputs is not None else None
+                    completions += self._generate_batch(batch, start, params, generator, batch_inputs)
         finally:
             self.model.train(was_training)
         return completions
 
     def _generate_batch(
-        self, prompts: list[list[int]], first_index: int, params: SamplingParams, generator: torch.Generator | None
+        self, prompts: list[list[int]], first_index: int, params: SamplingParams, generator: torch.Generator | None,
+        inputs: list[ModelInputs] | None = None,
     ) -> list[Completion]:
         n = params.n
         # Left padding puts every prompt's last token in the last column, where decoding starts.
@@ -159,6 +167,13 @@ class NativeEngine(RolloutEngine):
             ids[row, width - len(prompt) :] = torch.tensor(prompt, device=self.device)
             attention[row, width - len(prompt) :] = 1
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        extra = {}
+        if inputs is not None:
+            extra, _ = collate(inputs)
+            extra = {k: v.to(self.device) for k, v in present(extra).items()}
+            if inputs[0].positions is not None:
+                axes = padded_positions([i.positions for i in inputs], [len(p) for p in prompts], width, left=True)
+                positions = model_positions(axes.to(self.device))
 
         cache = DynamicCache(config=self.model.config)
         out = self.model(
@@ -168,7 +183,10 @@ class NativeEngine(RolloutEngine):
             past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,
+            **extra,
         )
+        if positions.dim() == 3:  # the response goes on from the largest position, on every axis
+            positions = positions.amax(0).cummax(-1).values
         max_stop = max((len(s) for s in params.stop), default=0)
 
         def finished(tokens: list[int]) -> bool:
@@ -178,7 +196,7 @@ class NativeEngine(RolloutEngine):
         # Each batch samples from a seed of its own, drawn from the caller's generator: both
         # decode loops then draw the same random numbers for the same rows.
         seed = int(torch.randint(2**62, (1,), generator=generator, device=self.device))
-        if self.static is not None:
+        if self.static is not None and inputs is None:
             tokens, logprobs = self.static.run(cache, out.logits[:, -1].float(), attention, positions[:, -1] + 1, n,
                                                params, seed, finished)
         else:
@@ -208,7 +226,11 @@ class NativeEngine(RolloutEngine):
         logprobs: list[list[float]] = [[] for _ in range(rows)]
         active = list(range(rows))  # the rows still in the batch, in batch order
         for step in range(params.max_new_tokens):
-            token, logprob = sample(logits, params, generator)
+            if self.banned is None:
+                token, logprob = sample(logits, params, generator)
+            else:  # like top-k, the ban shapes the draw, not the reported log-prob
+                token, _ = sample(logits.index_fill(-1, self.banned, float("-inf")), params, generator)
+                logprob = ops.token_logprobs(logits, token, params.temperature if params.temperature > 0 else 1.0)
             keep = []
             for b, (row, tok, lp) in enumerate(zip(active, token.tolist(), logprob.tolist())):
                 tokens[row].append(tok)
@@ -238,6 +260,19 @@ class NativeEngine(RolloutEngine):
         """
         tail = self.tokenizer.decode(tokens[-(max_stop + 2) :], skip_special_tokens=True)
         return any(s in tail for s in stop)
+
+
+# a VLM's tokens that stand for images: a response holding one would ask the next forward
+# for pixels it does not have
+VISION_TOKEN_IDS = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id",
+                    "image_token_index")
+
+
+def _vision_ids(config: Any, device: torch.device) -> torch.Tensor | None:
+    """The ids a VLM's responses must never hold (its image and video tokens); None for a
+    text-only model."""
+    ids = [getattr(config, name) for name in VISION_TOKEN_IDS if isinstance(getattr(config, name, None), int)]
+    return torch.tensor(ids, device=device) if ids else None
 
 
 def _cut_after_stop(text: str, stop: tuple[str, ...]) -> str:

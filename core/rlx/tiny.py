@@ -8,10 +8,12 @@ on the built-in tasks' text, with Qwen2-style ChatML special tokens and template
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Iterable, Sequence
 
 EOS = "<|endoftext|>"
 PAD = "<|pad|>"  # apart from EOS, so a reward read at a response's EOS is not taken for padding
@@ -36,10 +38,12 @@ BUILTINS = {"tiny": "qwen2", "tiny-llama": "llama"}
 DEMO = "tiny-arithmetic"  # builtin:tiny after a short SFT, made by rlx.demo
 
 
-def make_tokenizer(out_dir: str | os.PathLike):
-    """Train a byte-level BPE on the tasks' corpus and save it to ``out_dir``.
+def make_tokenizer(out_dir: str | os.PathLike, extra_corpus: Iterable[str] = (), extra_special: Sequence[str] = ()):
+    """Train a byte-level BPE on the tasks' corpus (and ``extra_corpus``) and save it to
+    ``out_dir``.
 
     ``<|endoftext|>`` is EOS, ``<|pad|>`` padding; there is no BOS token, as in Qwen2.
+    ``extra_special`` adds special tokens after the ChatML ones (a VLM's vision tokens).
     Returns the ``PreTrainedTokenizerFast``.
     """
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
@@ -60,16 +64,16 @@ def make_tokenizer(out_dir: str | os.PathLike):
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=VOCAB_SIZE,
-        special_tokens=[EOS, PAD, IM_START, IM_END],
+        special_tokens=[EOS, PAD, IM_START, IM_END, *extra_special],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    bpe.train_from_iterator(corpus(), trainer=trainer)
+    bpe.train_from_iterator(itertools.chain(corpus(), extra_corpus), trainer=trainer)
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=bpe,
         eos_token=EOS,
         pad_token=PAD,
-        additional_special_tokens=[IM_START, IM_END],
+        additional_special_tokens=[IM_START, IM_END, *extra_special],
         chat_template=CHAT_TEMPLATE,
         clean_up_tokenization_spaces=False,
         model_max_length=512,

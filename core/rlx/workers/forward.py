@@ -11,6 +11,7 @@ import torch
 
 from rlx import models, ops
 from rlx.batch import Batch
+from rlx.multimodal import model_positions, present
 
 
 def chunks(n: int, size: int) -> list[list[int]]:
@@ -48,8 +49,9 @@ def response_logprobs(model, batch: Batch, temperature: float, *, with_entropy: 
         states = _packed_states(model, batch)
     else:
         response_len = batch.action_mask.shape[1]
-        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
-                    logits_to_keep=1, output_hidden_states=True, use_cache=False, **batch.extra)
+        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                    position_ids=model_positions(batch.position_ids), logits_to_keep=1, output_hidden_states=True,
+                    use_cache=False, **present(batch.extra))
         states = out.hidden_states[-1][:, -(response_len + 1):-1]  # the states that predict each response token
     head = models.hf_module(model).get_output_embeddings()
     logp, entropy = _head_logprobs(head, states.flatten(0, 1)[index], batch.responses.flatten()[index], temperature,

@@ -43,8 +43,10 @@ class RolloutWorker:
             enable_prefix_caching=r.enable_prefix_caching, enable_sleep_mode=r.sleep,
             eos_ids=eos_ids(model.path, tokenizer), threads=config.training.threads or 1))
 
-    def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> list[Completion]:
-        return self.engine.generate(prompt_ids, params)
+    def generate(self, prompt_ids: list[list[int]], params: SamplingParams, inputs=None) -> list[Completion]:
+        if inputs is None:
+            return self.engine.generate(prompt_ids, params)
+        return self.engine.generate(prompt_ids, params, inputs)
 
     def update_weights(self, weights) -> None:
         self.engine.update_weights(weights)
@@ -56,15 +58,17 @@ class RolloutWorker:
         self.engine.wake()
 
 
-def generate_balanced(group, prompt_ids: list[list[int]], params: SamplingParams) -> list[Completion]:
+def generate_balanced(group, prompt_ids: list[list[int]], params: SamplingParams, inputs=None) -> list[Completion]:
     """``params.n`` completions of each prompt from a group of engines, each taking an equal
-    contiguous share of the prompts. Prompt ``i`` gets seed ``seed + i·n`` wherever it
-    runs, so an engine that seeds per prompt gives the same samples for any split."""
+    contiguous share of the prompts (and of their image ``inputs``, when given). Prompt ``i``
+    gets seed ``seed + i·n`` wherever it runs, so an engine that seeds per prompt gives the
+    same samples for any split."""
     engines = group.size
     per = -(-len(prompt_ids) // engines)
     starts = list(range(0, len(prompt_ids), per))
     calls = [(prompt_ids[s:s + per], params if params.seed is None else
-              dataclasses.replace(params, seed=params.seed + s * params.n)) for s in starts]
+              dataclasses.replace(params, seed=params.seed + s * params.n))
+             + (() if inputs is None else (inputs[s:s + per],)) for s in starts]
     futures = group.call_each("generate", calls)
     completions = []
     for start, future in zip(starts, futures):

@@ -1,0 +1,452 @@
+"""Images in prompts: rows with pictures, their model inputs, and how those travel.
+
+A vision-language model (VLM) needs, beside a prompt's token ids, tensors computed from
+its images (``pixel_values``, ``image_grid_thw`` ...) and, for models with multi-axis
+rotary positions such as Qwen2-VL's M-RoPE, the position of every prompt token on each
+axis. A *VLM processor*, registered by a plugin under the model's ``model_type``
+(``register_vlm_processors``), turns a prompt and its images into those; this module
+reads the images a row names, checks the row before anything runs, and lays the
+results out for the rollout engine and the batch.
+
+A row holds its images in the ``data.image_key`` column (a path, bytes, base64 text, a
+``data:`` URI or a ``{"bytes", "path"}`` record; one or a list) and marks where each
+goes with an ``<image>`` placeholder in a text prompt, or with ``{"type": "image"}``
+items (which may carry the image themselves under ``"image"``) in chat messages. The
+number of images must equal the number of placeholders.
+
+Each sample's tensors keep that sample's rows on dim 0 (``pixel_values``: its patches;
+``image_grid_thw``: its images); a batch concatenates them and remembers how many rows
+each sample owns (``Batch.extra_rows``), so it can split, shuffle and shard them.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from rlx.errors import ConfigError, DataError, ModelError
+
+PLACEHOLDER = "<image>"
+_BASE64 = re.compile(r"^[A-Za-z0-9+/=\s]+$")
+IMAGE_ITEM_TYPES = ("image", "image_url")
+
+
+@dataclass
+class ModelInputs:
+    """One prompt's model inputs beyond its token ids.
+
+    ``tensors`` hold this prompt's rows on dim 0 and go to the model's forward as keyword
+    arguments. ``positions`` [axes, P] are the rotary positions of the prompt's tokens
+    for models that take several axes (M-RoPE); None for plain 1-D positions. The
+    response continues on every axis from the largest prompt position plus one.
+    """
+
+    tensors: dict[str, Any]
+    positions: Any = None
+
+
+@dataclass
+class VisionPrompt:
+    """A prompt as a VLM processor encodes it: readable ``text`` (one placeholder token
+    per image), token ``ids`` (images expanded to their tokens) and the ``inputs``."""
+
+    text: str
+    ids: list[int]
+    inputs: ModelInputs
+
+
+class VLMProcessor(Protocol):
+    """What ``register_vlm_processors`` factories return: ``factory(model_path, *, config)``."""
+
+    def encode(self, prompt: str | list[dict], images: list) -> VisionPrompt:
+        """Encode ``prompt`` (text, or chat messages whose contents are text; ``<image>``
+        marks each image in order) with ``images`` (PIL images). Raise ``ValueError``
+        naming what is wrong; the caller adds the row."""
+        ...
+
+
+class ImageError(ValueError):
+    """An image could not be read; the message names the image."""
+
+
+# ---------------------------------------------------------------------------
+# reading a row's images
+
+
+def placeholders(prompt: str | list[dict]) -> tuple[str | list[dict], list]:
+    """``prompt`` with chat contents made text (image items become ``<image>``) and, for
+    each placeholder in order, the image an item carries itself (None when the image
+    comes from the image column)."""
+    if isinstance(prompt, str):
+        return prompt, [None] * prompt.count(PLACEHOLDER)
+    messages, inline = [], []
+    for message in prompt:
+        content = message["content"]
+        if isinstance(content, str):
+            inline += [None] * content.count(PLACEHOLDER)
+            messages.append(message)
+            continue
+        parts = []
+        for item in content:
+            if item.get("type") in IMAGE_ITEM_TYPES:
+                parts.append(PLACEHOLDER)
+                source = item.get("image", item.get("image_url"))
+                inline.append(source.get("url") if isinstance(source, dict) and "url" in source else source)
+            else:
+                text = item.get("text", "")
+                inline += [None] * text.count(PLACEHOLDER)
+                parts.append(text)
+        messages.append({**message, "content": "".join(parts)})
+    return messages, inline
+
+
+def row_images(row: dict, prompt_key: str, image_key: str) -> tuple[str | list[dict], list]:
+    """The row's prompt with text contents and the image source of each placeholder.
+
+    Raises ``ValueError`` when the number of images differs from the number of
+    placeholders, or the image column is missing where placeholders need it.
+    """
+    prompt, inline = placeholders(row[prompt_key])
+    column = row.get(image_key)
+    if column is None:
+        column = []
+    elif not isinstance(column, (list, tuple)):
+        column = [column]
+    wanted = sum(s is None for s in inline)
+    if wanted != len(column):
+        where = f"key {image_key!r} holds {len(column)} image{'s' if len(column) != 1 else ''}"
+        if image_key not in row:
+            where = f"there is no key {image_key!r} (columns: {', '.join(map(str, row))})"
+        raise ValueError(f"the prompt has {len(inline)} image placeholder{'s' if len(inline) != 1 else ''} "
+                         f"({PLACEHOLDER} or image items{f', {len(inline) - wanted} with their image' if wanted != len(inline) else ''}) "
+                         f"but {where}; give one image per placeholder")
+    sources = iter(column)
+    return prompt, [next(sources) if s is None else s for s in inline]
+
+
+def describe(source: Any) -> str:
+    """A short name of an image source for messages."""
+    if isinstance(source, dict):
+        return repr(source["path"]) if source.get("path") else f"{len(source.get('bytes') or b'')} bytes"
+    if isinstance(source, (bytes, bytearray)):
+        return f"{len(source)} bytes"
+    if isinstance(source, str):
+        return repr(source if len(source) <= 60 else source[:57] + "...")
+    return type(source).__name__
+
+
+def load_image(source: Any, base_dirs: list[Path], fetch=None):
+    """The RGB PIL image of ``source``: a PIL image, bytes, a ``{"bytes", "path"}``
+    record, a ``data:`` URI, a path (relative paths are tried in ``base_dirs`` in turn)
+    or base64 text. A URL goes to ``fetch(url)``. The file is decoded whole here, so a
+    truncated or corrupt one fails now."""
+    from PIL import Image
+
+    if isinstance(source, Image.Image):
+        return source.convert("RGB")
+    if isinstance(source, dict):
+        if source.get("bytes"):
+            return _decode(source["bytes"], describe(source))
+        if source.get("path"):
+            return load_image(source["path"], base_dirs, fetch)
+        raise ImageError(f"image record {source!r} has neither 'bytes' nor 'path'")
+    if isinstance(source, (bytes, bytearray)):
+        return _decode(bytes(source), describe(source))
+    if not isinstance(source, str) or not source:
+        raise ImageError(f"an image should be a path, bytes or base64 text, got {describe(source)}")
+    if source.startswith(("http://", "https://")):
+        if fetch is None:
+            raise ImageError(f"image {describe(source)} is a URL and this model's processor fetches none")
+        return fetch(source).convert("RGB")
+    if source.startswith("data:"):
+        header, _, payload = source.partition(",")
+        if ";base64" not in header:
+            raise ImageError(f"image {describe(source)}: a data: URI must be base64-encoded")
+        return _decode(_b64(payload, source), "the data: URI")
+    candidates = [Path(source).expanduser()] if Path(source).expanduser().is_absolute() else \
+        [d / source for d in base_dirs] + [Path(source)]
+    for path in candidates:
+        if path.is_file():
+            try:
+                return _decode(path.read_bytes(), repr(str(path)))
+            except OSError as e:
+                raise ImageError(f"image {str(path)!r} could not be read: {e}") from e
+    if len(source) >= 64 and _BASE64.match(source):
+        return _decode(_b64(source, source), "base64 text")
+    looked = ", ".join(repr(str(p)) for p in dict.fromkeys(candidates))
+    raise ImageError(f"image file {source!r} does not exist (looked for {looked})")
+
+
+def _b64(text: str, source: str) -> bytes:
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise ImageError(f"image {describe(source)} is not valid base64 ({e})") from e
+
+
+def _decode(raw: bytes, what: str):
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        image = Image.open(io.BytesIO(raw))
+        image.load()  # decode now: a truncated file fails here, not inside a training step
+    except UnidentifiedImageError as e:
+        raise ImageError(f"image {what} is not an image file PIL can read") from e
+    except (OSError, SyntaxError, ValueError) as e:
+        raise ImageError(f"image {what} is damaged or truncated: {e}") from e
+    return image.convert("RGB")
+
+
+# ---------------------------------------------------------------------------
+# rows to encoded examples
+
+
+class VisionData:
+    """A run's rows with images: checks them (``check``, for ``data.validate_rows``) and
+    encodes them with the model's VLM processor, the same keys as ``rlx.data``'s
+    encoders plus ``inputs`` (``ModelInputs``). Relative image paths are looked up beside
+    the data that ``reading`` names, then in the working folder."""
+
+    def __init__(self, processor: VLMProcessor, tokenizer, cfg):
+        self.processor, self.tokenizer, self.cfg = processor, tokenizer, cfg
+        self.base_dirs: list[Path] = []
+
+    def reading(self, data_path: str) -> "VisionData":
+        """Read the rows of ``data_path`` (a file or folder) next; returns itself."""
+        path = Path(data_path).expanduser()
+        self.base_dirs = [path.parent] if path.is_file() else [path] if path.is_dir() else []
+        return self
+
+    def _images(self, row: dict) -> tuple[str | list[dict], list]:
+        prompt, sources = row_images(row, self.cfg.prompt_key, self.cfg.image_key)
+        fetch = getattr(self.processor, "fetch_image", None)
+        images = []
+        for i, source in enumerate(sources, 1):
+            try:
+                images.append(load_image(source, self.base_dirs, fetch))
+            except ImageError as e:
+                raise ImageError(f"image {i} of {len(sources)}: {e}") from e
+        return prompt, images
+
+    def _prompt(self, row: dict) -> VisionPrompt:
+        prompt, images = self._images(row)
+        encoded = self.processor.encode(prompt, images)
+        limit = min(self.cfg.max_prompt_length, self.cfg.max_length - 1)
+        if len(encoded.ids) > limit:
+            # a prompt cut from the left would lose image tokens but keep their pixels
+            raise ValueError(f"the prompt is {len(encoded.ids)} tokens with its images, over the limit of {limit} "
+                             f"(data.max_prompt_length, data.max_length - 1): raise it or lower data.max_pixels")
+        return encoded
+
+    def schema(self, schema):
+        """``schema`` (an ``rlx.data.Schema``) that lets prompts hold image items and checks
+        every row's images with ``check``."""
+        import dataclasses
+
+        from rlx.data import ImageMessages, Messages
+
+        required = {k: tuple(ImageMessages if t is Messages else t for t in types) for k, types in schema.required.items()}
+        return dataclasses.replace(schema, required=required, check=self.check)
+
+    def check(self, row: dict) -> str | None:
+        """What is wrong with ``row``'s images and placeholders, or None."""
+        if self.cfg.messages_key in row and row.get(self.cfg.messages_key) is not None:
+            return f"multi-turn rows (key {self.cfg.messages_key!r}) with images are not supported; " \
+                   f"use prompt and response"
+        try:
+            self._prompt(row)
+        except ValueError as e:
+            return str(e)
+        return None
+
+    def encode_prompt(self, row: dict) -> dict:
+        encoded = self._prompt(row)
+        cfg = self.cfg
+        columns = {k: v for k, v in row.items() if k not in (cfg.prompt_key, cfg.label_key)}
+        return {"prompt_ids": encoded.ids, "prompt_text": encoded.text, "label": row.get(cfg.label_key),
+                "columns": columns, "inputs": encoded.inputs}
+
+    def encode_sft(self, row: dict) -> dict:
+        from rlx.data import _response_ids
+
+        encoded = self._prompt(row)
+        response = _response_ids(row[self.cfg.response_key], self.tokenizer, self.cfg.max_length - len(encoded.ids))
+        return {"input_ids": encoded.ids + response, "loss_mask": [0] * len(encoded.ids) + [1] * len(response),
+                "inputs": encoded.inputs}
+
+    def encode_pair(self, row: dict) -> dict:
+        from rlx.data import _response_ids
+
+        encoded = self._prompt(row)
+        out = {"inputs": encoded.inputs}
+        for name, key in (("chosen", self.cfg.chosen_key), ("rejected", self.cfg.rejected_key)):
+            response = _response_ids(row[key], self.tokenizer, self.cfg.max_length - len(encoded.ids))
+            out[f"{name}_ids"] = encoded.ids + response
+            out[f"{name}_mask"] = [0] * len(encoded.ids) + [1] * len(response)
+        return out
+
+
+# ---------------------------------------------------------------------------
+# batches
+
+
+def collate(inputs: list[ModelInputs]) -> tuple[dict, dict]:
+    """The samples' tensors concatenated on dim 0 (``Batch.extra``) and each sample's row
+    count of each (``Batch.extra_rows``, [B])."""
+    import torch
+
+    keys = list(inputs[0].tensors)
+    for i, item in enumerate(inputs):
+        if list(item.tensors) != keys:
+            raise ValueError(f"sample {i} has model inputs {list(item.tensors)}, sample 0 has {keys}")
+    extra = {k: torch.cat([item.tensors[k] for item in inputs]) for k in keys}
+    rows = {k: torch.tensor([item.tensors[k].shape[0] for item in inputs]) for k in keys}
+    return extra, rows
+
+
+def present(extra: dict) -> dict:
+    """``extra`` without its empty tensors: samples without images give a VLM no pixels."""
+    return {k: v for k, v in extra.items() if v.shape[0]}
+
+
+def sequence_positions(prompt, length: int):
+    """[axes, length]: the prompt's positions, then text positions that continue on every
+    axis from its largest position plus one."""
+    import torch
+
+    after = prompt.max() + 1 + torch.arange(length - prompt.shape[1])
+    return torch.cat([prompt, after.expand(prompt.shape[0], -1)], dim=1)
+
+
+def padded_positions(prompts: list, lengths: list[int], width: int, *, left: bool):
+    """[B, axes, width]: each sample's ``sequence_positions`` padded with zeros to ``width``
+    on the left (generation batches) or the right (training batches)."""
+    import torch
+
+    axes = prompts[0].shape[0]
+    out = torch.zeros(len(prompts), axes, width, dtype=torch.long)
+    for row, (prompt, length) in enumerate(zip(prompts, lengths)):
+        columns = slice(width - length, width) if left else slice(0, length)
+        out[row, :, columns] = sequence_positions(prompt, length)
+    return out
+
+
+def model_positions(position_ids):
+    """Positions as the model takes them: [B, T], or [axes, B, T] from a batch's [B, axes, T]."""
+    return position_ids.transpose(0, 1) if position_ids is not None and position_ids.dim() == 3 else position_ids
+
+
+# ---------------------------------------------------------------------------
+# finding a run's processor
+
+
+def model_type(path: str) -> tuple[str, bool]:
+    """The ``model_type`` of a model folder and whether transformers loads it as an
+    image-text-to-text model (a VLM) rather than a causal LM."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+                                                        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES)
+
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise ModelError(f"cannot read the config of model {path!r}: {e}") from e
+    kind = config.model_type
+    return kind, kind in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES and kind not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+
+def processor_for(config, host) -> VLMProcessor | None:
+    """The VLM processor of the run's model: ``model.vlm_processor`` when set, else the one
+    registered under the model's ``model_type``, else (for any other VLM) the core one over
+    transformers' ``AutoProcessor``; None for a text-only model."""
+    from rlx.models import resolve_path
+
+    path = resolve_path(config.model.path)
+    registry = host.registry("register_vlm_processors")
+    name = config.model.vlm_processor
+    kind, is_vlm = model_type(path)
+    if not name:
+        if kind in registry.items:
+            name = kind
+        elif is_vlm:
+            name = "auto"
+        else:
+            return None
+    factory = AutoProcessorVLM if name == "auto" else registry.get(name)
+    return factory(path, config=config)
+
+
+def vision_data(config, host, tokenizer) -> VisionData | None:
+    """The run's ``VisionData``, or None for a text-only model."""
+    processor = processor_for(config, host)
+    return None if processor is None else VisionData(processor, tokenizer, config.data)
+
+
+PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json", "video_preprocessor_config.json")
+
+
+def copy_processor_files(model_path: str, out: Path) -> None:
+    """The image processor's settings, from the model folder into a saved model's, so the
+    trained model loads with the processor it was trained with."""
+    import shutil
+
+    for name in PROCESSOR_FILES:
+        source = Path(model_path).expanduser() / name
+        if source.is_file() and out.is_dir():
+            shutil.copyfile(source, out / name)
+
+
+def check_supported(config, spec) -> None:
+    """Refuse, before any model loads, what a run with images cannot do yet."""
+    problems = []
+    if spec.loop == "online" and spec.value_loss:
+        problems.append(f"{spec.name} trains a critic (a value model), which takes no images yet; "
+                        f"use grpo, reinforce_pp, reinforce_pp_baseline or rloo")
+    if spec.loop == "offline" and (spec.data, spec.head) not in (("sft", "lm"), ("pairs", "lm")):
+        problems.append(f"{spec.name} (data {spec.data}, head {spec.head}) takes no images yet; "
+                        f"use sft or a pairwise preference algorithm such as dpo")
+    if config.training.packing:
+        problems.append("training.packing does not pack image inputs yet; set it to false")
+    if config.rollout.engine == "vllm" and spec.loop == "online":
+        problems.append("rollout.engine=vllm does not receive images from rlx yet; use the native engine")
+    if problems:
+        raise ConfigError(f"model {config.model.path!r} is a vision-language model: " + "; ".join(problems))
+
+
+class AutoProcessorVLM:
+    """The core's processor for VLMs no plugin handles: transformers' ``AutoProcessor`` of
+    the model folder. ``<image>`` becomes the processor's own image token; the processor
+    expands it and computes the image tensors; positions stay 1-D. Token-aligned outputs
+    (``token_type_ids`` ...) are dropped: models that need them want a plugin of their own."""
+
+    def __init__(self, path: str, *, config):
+        from transformers import AutoProcessor
+
+        from rlx.models import load_tokenizer
+
+        try:
+            self.hf = AutoProcessor.from_pretrained(path)
+        except Exception as e:
+            raise ModelError(f"model {path!r} is a vision-language model with no rlx VLM processor registered "
+                             f"for it, and transformers' AutoProcessor cannot load it: {type(e).__name__}: {e}") from e
+        self.tokenizer = load_tokenizer(path)
+        self.cfg = config.data
+        self.image_token = getattr(self.hf, "image_token", None)
+        if self.image_token is None:
+            raise ModelError(f"the processor of {path!r} names no image token")
+
+    def encode(self, prompt: str | list[dict], images: list) -> VisionPrompt:
+        from rlx.data import render_prompt, resolve_template
+
+        text = render_prompt(prompt, self.tokenizer, self.cfg.chat_template).replace(PLACEHOLDER, self.image_token)
+        templated = resolve_template(self.tokenizer, self.cfg.chat_template) is not None
+        out = self.hf(text=[text], images=images or None, return_tensors="pt", add_special_tokens=not templated)
+        ids = out["input_ids"][0]
+        tensors = {k: v for k, v in out.items() if k not in ("input_ids", "attention_mask")
+                   and not (v.dim() == 2 and v.shape == out["input_ids"].shape)}
+        return VisionPrompt(text, ids.tolist(), ModelInputs(tensors))

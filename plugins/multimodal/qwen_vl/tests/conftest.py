@@ -1,0 +1,20 @@
+import pytest
+
+import rlx.testing  # noqa: F401  (points RLX_CACHE at a temporary folder)
+
+
+@pytest.fixture(scope="session")
+def tiny_vl(tmp_path_factory):
+    """A tiny random Qwen2.5-VL folder, built once per session."""
+    from rlx_qwen_vl.tiny import make_tiny_qwen_vl
+
+    return make_tiny_qwen_vl(tmp_path_factory.mktemp("tiny-qwen-vl"))
+
+
+@pytest.fixture(scope="session")
+def shapes(tmp_path_factory):
+    """The shapes task: 256 training rows and 32 held-out ones, in every row format."""
+    from rlx_qwen_vl.shapes import write_dataset
+
+    root = tmp_path_factory.mktemp("shapes")
+    return write_dataset(root / "train", 256, seed=0), write_dataset(root / "test", 32, seed=1)
