@@ -78,7 +78,7 @@ def batch_of_completions(prompt_ids: list[list[int]], completions: list, pad_id:
     return Batch(
         input_ids=torch.tensor(rows, device=device),
         attention_mask=attention_mask,
-        position_ids=(attention_mask.cumsum(-1) - 1).clamp(min=0),
+        position_ids=positions,
         action_mask=torch.tensor(actions, device=device, dtype=torch.float32),
         prompt_len=prompt_len,
         rewards=torch.tensor(rewards, device=device, dtype=torch.float32),
