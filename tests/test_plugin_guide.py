@@ -19,7 +19,8 @@ from test_cli import rlx
 GUIDE = Path(__file__).parent.parent / "docs" / "plugin-guide.md"
 BLOCK = re.compile(r"^```\w+ file=(\S+)\n(.*?)^```$", re.M | re.S)
 HOOKS = ["register_algorithms", "register_advantage_estimators", "register_policy_losses",
-         "register_preference_losses", "register_reward_functions", "register_reward_models", "register_samplers"]
+         "register_preference_losses", "register_reward_functions", "register_reward_models", "register_samplers",
+         "register_vlm_processors"]
 
 
 def examples() -> dict[str, dict[str, str]]:
@@ -73,6 +74,7 @@ def test_the_guides_examples_pass_their_own_tests(installed):
         assert f"test_contract[{check}] PASSED" in output, check
     assert "test_scores_through_the_host PASSED" in output
     assert "test_boxed_answers_score_highest PASSED" in output
+    assert "test_encodes_a_prompt_with_two_images PASSED" in output
 
 
 def test_templates_of_every_kind_pass_their_own_tests_and_are_listed(installed):
@@ -89,7 +91,7 @@ def test_templates_of_every_kind_pass_their_own_tests_and_are_listed(installed):
         "policy_losses": ["new_algorithm_loss"]}
     for kind in TEMPLATE_KINDS:
         assert plugins[names(f"new_{kind}")[1]]["version"] == "0.1.0"
-    for dist in ["rlx-cispo", "rlx-slic", "rlx-boxed", "rlx-keyword-rm", "rlx-spread"]:
+    for dist in ["rlx-cispo", "rlx-slic", "rlx-boxed", "rlx-keyword-rm", "rlx-spread", "rlx-toy-vlm"]:
         assert plugins[dist]["version"] == "0.1.0"
 
 
