@@ -47,11 +47,11 @@ def serve(spec: str, cwd):
     """``rlx serve-reward SPEC --port 0`` in a subprocess, and the URL it prints."""
     process = subprocess.Popen([sys.executable, "-m", "rlx_cli", "serve-reward", spec, "--port", "0"], cwd=cwd,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    line = process.stdout.readline()
-    if " at http://" not in line:
-        process.kill()
-        raise AssertionError(f"serve-reward printed {line!r}; stderr: {process.stderr.read()}")
-    return process, line.rsplit(" at ", 1)[1].strip()
+    for line in process.stdout:  # the URL comes once it listens
+        if line.startswith("serving ") and " at http://" in line:
+            return process, line.rsplit(" at ", 1)[1].strip()
+    process.kill()
+    raise AssertionError(f"serve-reward ended without a URL; stderr: {process.stderr.read()}")
 
 
 @pytest.fixture(scope="module")
