@@ -271,6 +271,10 @@ def test_retries_are_counted_and_then_give_up(bad_server):
         score(bad_server + "/flaky", retries=2, backoff=0.01)
 
 
-def test_bad_remote_options_fail(bad_server):
+def test_bad_remote_options_and_urls_fail(bad_server):
     with pytest.raises(RewardError, match="reward.remote.concurrency is 0"):
         score(bad_server, concurrency=0)
+    with pytest.raises(RewardError, match=r"'http://\[::1/score' is not a reward server's URL: Invalid IPv6 URL"):
+        score("http://[::1/score")
+    with pytest.raises(RewardError, match="'http:///score' is not a reward server's URL: it names no host"):
+        score("http:///score")

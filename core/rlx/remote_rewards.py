@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -78,6 +79,12 @@ class RemoteReward:
             if value < 0 or (value == 0 and key in ("concurrency", "timeout")):
                 raise RewardError(f"reward.remote.{key} is {value}; it must be "
                                   f"{'positive' if key in ('concurrency', 'timeout') else '0 or more'}")
+        try:
+            host = urllib.parse.urlsplit(url).hostname
+        except ValueError as e:
+            raise RewardError(f"reward.functions: {url!r} is not a reward server's URL: {e}") from None
+        if not host:
+            raise RewardError(f"reward.functions: {url!r} is not a reward server's URL: it names no host")
         self.url, self.options = url, options
 
     def ask_name(self) -> str:
