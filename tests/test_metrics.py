@@ -117,4 +117,4 @@ def test_unknown_logger_names_its_package(tmp_path):
     with pytest.raises(ConfigError, match="the TensorBoard logger takes no options"):
         RunLogger(tmp_path, LoggingConfig(progress=False, logger_options={"tensorboard": {"x": 1}}), total_steps=1,
                   host=host)
-    assert (tmp_path / "metrics.jsonl").exists() and not (tmp_path / "tensorboard").exists()
+    assert not (tmp_path / "metrics.jsonl").exists() and not (tmp_path / "tensorboard").exists()

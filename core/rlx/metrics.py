@@ -109,10 +109,6 @@ class RunLogger:
             return
         out = Path(output_dir)
         out.mkdir(parents=True, exist_ok=True)
-        self.path, self.samples_path = out / "metrics.jsonl", out / "samples.jsonl"
-        truncate_after(self.path, start_step)
-        truncate_after(self.samples_path, start_step)
-        self._file = open(self.path, "a")
         if host is None:
             from rlx.plugins import get_host
 
@@ -123,8 +119,14 @@ class RunLogger:
                 self._loggers.append((name, factory(out, dict(cfg.logger_options.get(name, {})),
                                                     start_step=start_step)))
         except BaseException:
-            self.close()  # the loggers opened so far, and the metrics file
+            self.close()  # the loggers opened so far
             raise
+        # after the loggers: a logger's bad option leaves no metrics.jsonl, so the same
+        # command, fixed, may run into the same folder
+        self.path, self.samples_path = out / "metrics.jsonl", out / "samples.jsonl"
+        truncate_after(self.path, start_step)
+        truncate_after(self.samples_path, start_step)
+        self._file = open(self.path, "a")
         if cfg.progress:
             from tqdm.auto import tqdm
 

@@ -106,7 +106,7 @@ def test_bad_options_name_the_key(tmp_path):
     cfg.logger_options = {"wandb": {"mode": "offfline"}}
     with pytest.raises(ConfigError, match=r"logging.logger_options.wandb.mode: 'offfline' is not one of"):
         RunLogger(tmp_path, cfg, total_steps=1, host=build_host())
-    assert not (tmp_path / "wandb").exists()
+    assert not (tmp_path / "wandb").exists() and not (tmp_path / "metrics.jsonl").exists()
 
 
 def test_importing_the_plugin_imports_no_wandb():

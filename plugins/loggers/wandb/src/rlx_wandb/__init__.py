@@ -67,7 +67,12 @@ class WandbLogger:
         self.run.log({"samples": table}, step=step)
 
     def close(self) -> None:
+        import wandb
+
         self.run.finish()
+        # finish() may return before W&B's service has written all of the run's files;
+        # teardown waits for it (a later run in this process starts a new service)
+        wandb.teardown()
 
 
 @hookimpl
