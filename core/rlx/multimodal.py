@@ -297,15 +297,17 @@ class VisionData:
 
 def collate(inputs: list[ModelInputs]) -> tuple[dict, dict]:
     """The samples' tensors concatenated on dim 0 (``Batch.extra``) and each sample's row
-    count of each (``Batch.extra_rows``, [B])."""
+    count of each (``Batch.extra_rows``, [B]). A sample without a tensor (a prompt with no
+    image) owns no rows of it."""
     import torch
 
-    keys = list(inputs[0].tensors)
-    for i, item in enumerate(inputs):
-        if list(item.tensors) != keys:
-            raise ValueError(f"sample {i} has model inputs {list(item.tensors)}, sample 0 has {keys}")
-    extra = {k: torch.cat([item.tensors[k] for item in inputs]) for k in keys}
-    rows = {k: torch.tensor([item.tensors[k].shape[0] for item in inputs]) for k in keys}
+    shapes = {k: v.shape[1:] for item in inputs for k, v in item.tensors.items()}
+    extra, rows = {}, {}
+    for key, shape in shapes.items():
+        parts = [item.tensors.get(key) for item in inputs]
+        like = next(p for p in parts if p is not None)
+        parts = [like.new_zeros((0, *shape)) if p is None else p for p in parts]
+        extra[key], rows[key] = torch.cat(parts), torch.tensor([len(p) for p in parts])
     return extra, rows
 
 
