@@ -53,7 +53,6 @@ class QwenVLProcessor:
                 model.vision_start_token_id, model.image_token_id, model.vision_end_token_id]:
             raise ModelError(f"{path}: the tokenizer has no tokens for the model's vision ids")
         self.start, self.pad, self.end = tokens
-        self.patch_values = 3 * self.images.temporal_patch_size * self.images.patch_size ** 2
 
     def encode(self, prompt: str | list[dict], images: list) -> VisionPrompt:
         vision = self.start + self.pad + self.end
@@ -65,11 +64,8 @@ class QwenVLProcessor:
         if text.count(self.pad) != len(images):
             raise ValueError(f"the rendered prompt holds {text.count(self.pad)} {self.pad} tokens for {len(images)} "
                              f"images (the prompt or chat template writes vision tokens of its own)")
-        if images:
-            pixels = self.images(images=images, return_tensors="pt")
-            pixel_values, grids = pixels["pixel_values"], pixels["image_grid_thw"]
-        else:
-            pixel_values, grids = torch.zeros(0, self.patch_values), torch.zeros(0, 3, dtype=torch.long)
+        tensors = dict(self.images(images=images, return_tensors="pt")) if images else {}
+        grids = tensors.get("image_grid_thw", torch.zeros(0, 3, dtype=torch.long))
         counts = (grids.prod(-1) // self.merge ** 2).tolist()
         parts = text.split(self.pad)
         expanded = parts[0] + "".join(self.pad * n + part for n, part in zip(counts, parts[1:]))
@@ -79,7 +75,7 @@ class QwenVLProcessor:
             raise ValueError(f"the prompt's text tokenizes to {ids.count(self.image_id)} image tokens where its "
                              f"images need {sum(counts)}")
         positions = mrope_positions(ids, grids, self.image_id, self.merge)
-        return VisionPrompt(text, ids, ModelInputs({"pixel_values": pixel_values, "image_grid_thw": grids}, positions))
+        return VisionPrompt(text, ids, ModelInputs(tensors, positions))
 
     def fetch_image(self, url: str):
         """An image from a URL, through qwen-vl-utils (``pip install rlx-qwen-vl[utils]``)."""
@@ -106,4 +102,4 @@ def mrope_positions(ids: list[int], grids: torch.Tensor, image_id: int, merge: i
         grid = torch.stack(torch.meshgrid(torch.arange(t), torch.arange(h), torch.arange(w), indexing="ij"))
         columns.append(grid.reshape(3, -1) + position)
         position, i = position + max(h, w), i + t * h * w
-    return torch.cat(columns, dim=1) if columns else torch.zeros(3, 0, dtype=torch.long)
+    return torch.cat(columns, dim=1)
