@@ -113,3 +113,15 @@ def test_importing_the_plugin_imports_no_wandb():
     code = "import sys, rlx_wandb; from rlx.plugins import build_host; build_host(); print('wandb' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "False", result.stderr
+
+
+def test_a_missing_wandb_package_is_named(tmp_path):
+    code = ("import sys; sys.modules['wandb'] = None\n"  # as if wandb were not installed
+            "from rlx.config import ConfigError, LoggingConfig\n"
+            "from rlx.metrics import RunLogger\n"
+            "cfg = LoggingConfig(tensorboard=False, progress=False, loggers=['wandb'])\n"
+            f"try:\n    RunLogger({str(tmp_path)!r}, cfg, total_steps=1)\n"
+            "except ConfigError as e:\n    print(e)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "logging.loggers names wandb, but the wandb package does not import" in result.stdout, result.stderr
+    assert "pip install 'wandb>=0.19,<1'" in result.stdout

@@ -20,7 +20,7 @@ import yaml
 
 from rlx import hookimpl
 from rlx.config import build, opt
-from rlx.errors import RunError
+from rlx.errors import ConfigError, RunError
 
 COLUMNS = ["step", "prompt", "completion", "reward", "advantage"]
 
@@ -38,7 +38,11 @@ class WandbOptions:
 class WandbLogger:
     def __init__(self, output_dir: Path, options: dict, *, start_step: int = 0):
         o = build(WandbOptions, options, "logging.logger_options.wandb")
-        import wandb
+        try:
+            import wandb
+        except ImportError as e:
+            raise ConfigError(f"logging.loggers names wandb, but the wandb package does not import ({e}): "
+                              f"pip install 'wandb>=0.19,<1'") from e
 
         out = Path(output_dir)
         folder = Path(o.dir) if o.dir else out
