@@ -17,7 +17,6 @@ import asyncio
 import re
 
 from rlx import hookimpl
-from rlx.environments import Step
 from rlx.tasks import exact_match
 
 CALL = re.compile(r"<calc>(.*?)</calc>", re.DOTALL)
@@ -35,6 +34,8 @@ class Calculator:
         return ""
 
     async def step(self, action: str) -> Step:
+        from rlx.environments import Step  # imports torch: not at load, where `rlx plugins list` runs
+
         call = CALL.search(action)
         if call is None:
             return Step(reward=exact_match(action, self.label), done=True)
