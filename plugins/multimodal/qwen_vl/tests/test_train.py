@@ -104,3 +104,14 @@ def test_what_images_cannot_do_yet_fails_before_a_model_loads(algo, settings, me
     with pytest.raises((ConfigError, RunError), match=message):
         train(algo, **{"model.path": tiny_vl, "data.path": str(shapes[0]["prompts"]), "output": str(tmp_path / "x"),
                        **settings})
+
+
+def test_a_frozen_vision_tower_does_not_train_and_is_not_sent_to_engines(tiny_vl):
+    from rlx import models
+    from rlx.config import ModelConfig
+
+    model = models.load_causal_lm(ModelConfig(path=tiny_vl, freeze_vision=True), torch.device("cpu"))
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and not any(n.startswith("model.visual.") for n in trainable)
+    sent = models.engine_weights(model, model.state_dict())
+    assert not any(".visual." in k for k in sent) and "model.language_model.layers.0.mlp.up_proj.weight" in sent
