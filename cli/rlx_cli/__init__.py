@@ -121,7 +121,8 @@ def train(
 
 @app.command()
 def report(
-    runs: List[str] = typer.Argument(..., help="run folders, each holding a metrics.jsonl; several are overlaid"),
+    runs: List[str] = typer.Argument(..., metavar="RUN_DIR",
+                                     help="run folders, each holding a metrics.jsonl; several are overlaid"),
     output: Optional[str] = typer.Option(
         None, "--output", "-o", help="folder for report.png and report.html (default: the run folder for one "
                                      "run, ./report for several)"),

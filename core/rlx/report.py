@@ -214,13 +214,13 @@ def _html(runs: list[Run], shown: list[Panel], missing: dict[str, list[str]], sv
         for s in latest:
             parts.append(f'<tr><td class="text">{e(str(s.get("prompt")))}</td>'
                          f'<td class="text">{e(str(s.get("completion")))}</td>'
-                         f"<td>{_number(s.get('reward'))}</td><td>{_number(s.get('advantage'))}</td></tr>")
+                         f"<td>{_format(s.get('reward'))}</td><td>{_format(s.get('advantage'))}</td></tr>")
         parts.append("</table>")
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
 
 
-def _number(value) -> str:
+def _format(value) -> str:
     return f"{value:.4g}" if isinstance(value, (int, float)) else html.escape(str(value))
 
 
@@ -229,5 +229,5 @@ def sample_line(sample: dict, width: int = 60) -> str:
     prompt, completion = str(sample.get("prompt")), str(sample.get("completion"))
     prompt = prompt if len(prompt) <= width else "..." + prompt[-width:]
     completion = completion if len(completion) <= width else completion[:width] + "..."
-    return (f"reward {_number(sample.get('reward'))}  advantage {_number(sample.get('advantage'))}  "
+    return (f"reward {_format(sample.get('reward'))}  advantage {_format(sample.get('advantage'))}  "
             f"{prompt!r} -> {completion!r}")
