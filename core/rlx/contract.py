@@ -34,6 +34,7 @@ What is checked, for the distribution and each component it registers:
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import os
@@ -135,14 +136,28 @@ def _loads(host: Host, dist: str) -> None:
         raise ContractError(f"{dist} is not installed, or has no entry point in the 'rlx' group")
 
 
-def _light_import(dist: str) -> None:
+@functools.lru_cache(maxsize=None)
+def _heavy_after_loading(only: str | None, path: tuple[str, ...]) -> str:
+    """The heavy modules a fresh process on import path ``path`` holds once it has built a
+    plugin host with the distribution ``only`` (None: every installed one), as a printed list."""
     code = ("import sys\nfrom rlx.plugins import build_host\nbuild_host()\n"
             f"print([m for m in {HEAVY!r} if m in sys.modules])")
-    env = {**os.environ, "RLX_LOAD_PLUGINS": dist, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
+    env.pop("RLX_LOAD_PLUGINS", None)
+    if only is not None:
+        env["RLX_LOAD_PLUGINS"] = only
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     if result.returncode:
-        raise ContractError(f"building a plugin host with {dist} failed: {result.stderr.strip()[-500:]}")
-    heavy = result.stdout.strip().splitlines()[-1]
+        raise ContractError(f"building a plugin host with {only or 'every plugin'} failed: "
+                            f"{result.stderr.strip()[-500:]}")
+    return result.stdout.strip().splitlines()[-1]
+
+
+def _light_import(dist: str) -> None:
+    path = tuple(sys.path)
+    if _heavy_after_loading(None, path) == "[]":  # all of them together are light: so is each
+        return
+    heavy = _heavy_after_loading(dist, path)
     if heavy != "[]":
         raise ContractError(f"loading {dist} imports {heavy}: import them inside the functions that use them, "
                             f"so that `rlx plugins list` stays light")
