@@ -22,6 +22,19 @@ from rlx.rewards import build_reward
 from rlx.run import run
 
 REWARD = (
+    "import threading, time\n"
+    "lock, running, peak = threading.Lock(), 0, 0\n"
+    "\n"
+    "def slow(prompts, completions, labels, **columns):\n"
+    "    global running, peak\n"
+    "    with lock:\n"
+    "        running += 1\n"
+    "        peak = max(peak, running)\n"
+    "    time.sleep(0.3)\n"
+    "    with lock:\n"
+    "        running -= 1\n"
+    "    return {'rewards': [0.0] * len(completions), 'peak': peak}\n"
+    "\n"
     "def score(prompts, completions, labels, level, **columns):\n"
     "    rewards = [float(c == l) for c, l in zip(completions, labels)]\n"
     "    return {'rewards': rewards, 'level_seen': [float(x) for x in level]}\n"
@@ -67,8 +80,8 @@ def in_thread(host):
     """``reward_server(SPEC)`` serving from a thread of this process; gives its URL."""
     servers = []
 
-    def start(spec):
-        server = reward_server(spec, host)
+    def start(spec, threads=1):
+        server = reward_server(spec, host, threads=threads)
         threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
         servers.append(server)
         return url_of(server)
@@ -100,6 +113,14 @@ def test_columns_and_metrics_cross_the_wire(in_thread, workdir):
         ["1+1=", "1+2=", "2+2="], ["2", "3", "5"], ["2", "3", "4"], {"level": [0, 1, 2]})
     assert result.rewards == [1.0, 1.0, 0.0]
     assert result.metrics == {"reward/my_reward.py:score": 2 / 3, "reward/my_reward.py:score/level_seen": 1.0}
+
+
+def test_the_server_scores_as_many_requests_at_once_as_it_has_threads(in_thread, workdir):
+    options = RemoteRewardConfig(batch_size=1, concurrency=2)
+    for threads in (1, 2):  # the peak of concurrent calls, seen by the function itself
+        url = in_thread(f"{workdir / 'my_reward.py'}:slow", threads=threads)
+        result = build_reward(RewardConfig(functions=[url], remote=options), None)(["p", "q"], ["a", "b"], [None] * 2, {})
+        assert result.metrics["reward/my_reward.py:slow/peak"] == threads
 
 
 def test_a_function_that_raises_on_the_server_is_named(in_thread, workdir):
