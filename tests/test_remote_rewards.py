@@ -119,7 +119,8 @@ def test_the_server_scores_as_many_requests_at_once_as_it_has_threads(in_thread,
     options = RemoteRewardConfig(batch_size=1, concurrency=2)
     for threads in (1, 2):  # the peak of concurrent calls, seen by the function itself
         url = in_thread(f"{workdir / 'my_reward.py'}:slow", threads=threads)
-        result = build_reward(RewardConfig(functions=[url], remote=options), None)(["p", "q"], ["a", "b"], [None] * 2, {})
+        pipeline = build_reward(RewardConfig(functions=[url], remote=options), None)
+        result = pipeline(["p", "q"], ["a", "b"], [None] * 2, {})
         assert result.metrics["reward/my_reward.py:slow/peak"] == threads
 
 
