@@ -174,6 +174,9 @@ def test_report_overlays_two_runs(grpo_run, sft_run, tmp_path):
     assert f"sft-run: no metrics for {', '.join(ONLINE_ONLY)}" in result.stdout
     assert "grpo-run: no metrics" not in result.stdout
     assert "sft-run: no samples.jsonl" in html
+    # what the runs were told differently: in the page, and the first settings in the terminal
+    assert "<tr><td>training.lr</td><td>0.0001</td><td>0.0005</td></tr>" in html
+    assert "settings that differ:\n  algo: grpo (grpo-run), sft (sft-run)\n" in result.stdout
 
 
 def test_bad_metrics_name_the_file_and_line(tmp_path):
@@ -207,6 +210,10 @@ def test_bad_metrics_name_the_file_and_line(tmp_path):
     with pytest.raises(DataError, match=r"run/metrics.jsonl: no metric that rlx report draws \(reward/mean, "):
         write_report([load_run(run)], tmp_path / "report")
     assert not (tmp_path / "report").exists()
+    (run / "config.yaml").write_text("training: {lr: [\n")
+    with pytest.raises(DataError, match=r"run/config.yaml is not valid YAML"):
+        load_run(run)
+    (run / "config.yaml").unlink()
     # a run writing its next line right now: the unfinished line is left out
     (run / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n{"step": 2, "loss": null}\n{"step": 3, "lo')
     assert [r["step"] for r in load_run(run).rows] == [1, 2]

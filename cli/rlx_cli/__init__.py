@@ -129,7 +129,7 @@ def report(
 ):
     """Plot runs' curves (reward, KL, entropy, length, losses ...) into report.png and report.html."""
     from rlx.errors import DataError
-    from rlx.report import load_runs, sample_line, write_report
+    from rlx.report import difference_lines, load_runs, sample_line, write_report
 
     out = output or (runs[0] if len(runs) == 1 else "report")
     try:
@@ -143,6 +143,9 @@ def report(
     for name, titles in written.missing.items():
         if titles:
             typer.echo(f"{name}: no metrics for {', '.join(titles)}")
+    if written.differences:
+        typer.echo("settings that differ:")
+        typer.echo("\n".join(difference_lines(loaded, written.differences)))
     for run in loaded:
         latest = run.latest_samples()
         if latest:

@@ -72,6 +72,7 @@ class Run:
     path: Path
     rows: list[dict]
     samples: list[dict] = field(default_factory=list)
+    config: dict = field(default_factory=dict)  # config.yaml's settings by dotted key
 
     def series(self, metric: str) -> tuple[list[int], list[float]]:
         points = [(r["step"], r[metric]) for r in self.rows if r.get(metric) is not None]
@@ -95,7 +96,34 @@ def load_run(folder: str | Path) -> Run:
         raise DataError(f"{path} holds no metrics: the run has not logged a step yet")
     samples_path = folder / "samples.jsonl"
     samples = read_jsonl(samples_path, numbers=False) if samples_path.is_file() else []
-    return Run(folder.resolve().name, folder, rows, samples)
+    return Run(folder.resolve().name, folder, rows, samples, _settings(folder / "config.yaml"))
+
+
+def _settings(path: Path) -> dict:
+    """A run's ``config.yaml`` as {dotted key: value}; a folder without one has none."""
+    import yaml
+
+    if not path.is_file():
+        return {}
+    try:
+        tree = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise DataError(f"{path} is not valid YAML: {e}") from e
+
+    def flat(node, prefix: str) -> dict:
+        if isinstance(node, dict):  # an empty mapping sets nothing
+            return {k: v for key, child in node.items() for k, v in flat(child, f"{prefix}{key}.").items()}
+        return {prefix[:-1]: node}
+
+    return flat(tree, "") if isinstance(tree, dict) else {}
+
+
+def differences(runs: list[Run]) -> dict[str, list]:
+    """The settings whose values differ between runs (the output folder aside): key -> one
+    value per run, None where a run's config has no such key."""
+    keys = sorted(set().union(*(r.config for r in runs)) - {"output"})
+    return {k: [r.config.get(k) for r in runs] for k in keys
+            if len({json.dumps(r.config.get(k), sort_keys=True) for r in runs}) > 1}
 
 
 def load_runs(folders: list[str | Path]) -> list[Run]:
@@ -122,6 +150,7 @@ class Report:
     html: Path
     panels: list[str]  # titles of the panels drawn
     missing: dict[str, list[str]]  # run name -> main panels it has no metric for
+    differences: dict[str, list]  # setting -> one value per run, for those that differ
 
 
 def write_report(runs: list[Run], out_dir: str | Path) -> Report:
@@ -178,11 +207,13 @@ def write_report(runs: list[Run], out_dir: str | Path) -> Report:
     plt.close(fig)
 
     page = out / "report.html"
-    page.write_text(_html(runs, shown, missing, svg.getvalue()))
-    return Report(png, page, [p.title for p in shown], missing)
+    differ = differences(runs) if len(runs) > 1 else {}
+    page.write_text(_html(runs, shown, missing, differ, svg.getvalue()))
+    return Report(png, page, [p.title for p in shown], missing, differ)
 
 
-def _html(runs: list[Run], shown: list[Panel], missing: dict[str, list[str]], svg: str) -> str:
+def _html(runs: list[Run], shown: list[Panel], missing: dict[str, list[str]], differ: dict[str, list],
+          svg: str) -> str:
     e = html.escape
     parts = [
         "<!doctype html>",
@@ -199,6 +230,7 @@ def _html(runs: list[Run], shown: list[Panel], missing: dict[str, list[str]], sv
         parts.append(f"<tr><td>{e(run.name)}</td><td>{e(str(run.path))}</td><td>{len(run.rows)}</td>"
                      f"<td>{run.rows[-1]['step']}</td><td>{e(', '.join(missing[run.name]) or '-')}</td></tr>")
     parts += ["</table>",
+              *_differences_html(runs, differ),
               f"<h2>Curves</h2><p>Panels: {e(', '.join(p.title for p in shown))}. "
               f'The same figure as an image: <a href="report.png">report.png</a>.</p>',
               svg[svg.index("<svg"):]]
@@ -220,6 +252,22 @@ def _html(runs: list[Run], shown: list[Panel], missing: dict[str, list[str]], sv
     return "\n".join(parts) + "\n"
 
 
+def _differences_html(runs: list[Run], differ: dict[str, list]) -> list[str]:
+    if not differ:
+        return []
+    e = html.escape
+    parts = ["<h2>Settings that differ</h2>", "<table><tr><th>setting</th>"
+             + "".join(f"<th>{e(r.name)}</th>" for r in runs) + "</tr>"]
+    for key, values in differ.items():
+        parts.append(f"<tr><td>{e(key)}</td>" + "".join(f"<td>{e(_setting(v))}</td>" for v in values) + "</tr>")
+    return parts + ["</table>"]
+
+
+def _setting(value) -> str:
+    """A setting as YAML and ``--set`` write it; a run without the key shows a dash."""
+    return "-" if value is None else value if isinstance(value, str) else json.dumps(value)
+
+
 def _format(value) -> str:
     return f"{value:.4g}" if isinstance(value, (int, float)) else html.escape(str(value))
 
@@ -231,3 +279,12 @@ def sample_line(sample: dict, width: int = 60) -> str:
     completion = completion if len(completion) <= width else completion[:width] + "..."
     return (f"reward {_format(sample.get('reward'))}  advantage {_format(sample.get('advantage'))}  "
             f"{prompt!r} -> {completion!r}")
+
+
+def difference_lines(runs: list[Run], differ: dict[str, list], limit: int = 10) -> list[str]:
+    """The settings that differ as lines of text, at most ``limit`` of them."""
+    lines = [f"  {key}: " + ", ".join(f"{_setting(v)} ({r.name})" for v, r in zip(values, runs))
+             for key, values in list(differ.items())[:limit]]
+    if len(differ) > limit:
+        lines.append(f"  ... and {len(differ) - limit} more in report.html")
+    return lines
