@@ -157,8 +157,8 @@ def _run(kind: str, payload, limits: Limits, import_roots: tuple[str, ...]) -> S
 @functools.cache
 def kernel_isolation() -> bool:
     """Whether sandboxed processes run in namespaces of their own: no network, no other
-    processes in sight, and a file system that is read-only except their folder. Needs ``unshare`` and user namespaces
-    (some machines forbid them); tried once per process."""
+    processes in sight, and a file system that is read-only except their folder. Needs
+    ``unshare`` and user namespaces (some machines forbid them); tried once per process."""
     import subprocess
 
     if shutil.which("unshare") is None:
