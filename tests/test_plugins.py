@@ -108,9 +108,13 @@ def test_cli_keeps_working_and_names_the_broken_package(site):
 
     make_dist(site, "rlx-fake-algo", {"rlx_fake_algo.py": "import not_a_module_anywhere\n"},
               {"fake_algo": "rlx_fake_algo"})
+    make_dist(site, "rlx-fake-cmd", {"rlx_fake_cmd.py": "from rlx import hookimpl\n@hookimpl\n"
+                                                       "def register_commands(app):\n    raise OSError('no tty')\n"},
+              {"cmd": "rlx_fake_cmd"})
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
     listed = rlx("plugins", "list", "--json", env=env)
     assert listed.returncode == 0, listed.stderr
+    assert "plugin rlx-fake-cmd failed in register_commands: OSError: no tty" in listed.stderr
     assert listed.stderr.count("rlx-fake-algo") == 1 and "not_a_module_anywhere" in listed.stderr
     assert json.loads(listed.stdout)["failed"] == [{"name": "rlx-fake-algo", "error": "failed to import rlx_fake_algo: "
                                                     "ModuleNotFoundError: No module named 'not_a_module_anywhere'"}]
