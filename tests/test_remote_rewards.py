@@ -13,13 +13,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from e2e import QUIET, one_thread  # noqa: F401
 from rlx.config import RemoteRewardConfig, RewardConfig, resolve
 from rlx.errors import RewardError
 from rlx.plugins import build_host
 from rlx.remote_rewards import reward_server, url_of
 from rlx.rewards import build_reward
 from rlx.run import run
+from rlx.testing import one_thread  # noqa: F401  (one torch thread for the runs here)
 
 REWARD = (
     "import threading, time\n"
