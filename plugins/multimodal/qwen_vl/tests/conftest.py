@@ -12,6 +12,14 @@ def tiny_vl(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_qwen2_vl(tmp_path_factory):
+    """A tiny random Qwen2-VL folder (the first generation: another vision tower, the same M-RoPE)."""
+    from rlx_qwen_vl.tiny import make_tiny_qwen_vl
+
+    return make_tiny_qwen_vl(tmp_path_factory.mktemp("tiny-qwen2-vl"), arch="qwen2_vl")
+
+
+@pytest.fixture(scope="session")
 def shapes(tmp_path_factory):
     """The shapes task: 256 training rows and 32 held-out ones, in every row format."""
     from rlx_qwen_vl.shapes import write_dataset

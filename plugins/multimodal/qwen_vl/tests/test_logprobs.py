@@ -1,12 +1,14 @@
 """Rollout and training see the same model: the log-probs the native engine reports while
 sampling with images equal the training forward's over prompt + completion, and both
-equal transformers' own M-RoPE forward (``mm_token_type_ids``). Without M-RoPE the model
-silently runs 1-D positions and the numbers move: that is what this would catch."""
+equal transformers' own M-RoPE forward (``mm_token_type_ids``), for Qwen2.5-VL and
+Qwen2-VL. Without M-RoPE Qwen2.5-VL silently runs 1-D positions and the numbers move:
+that is what this would catch."""
 
 from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from rlx import models, multimodal
@@ -18,7 +20,9 @@ from rlx.testing import one_thread  # noqa: F401
 from rlx.workers.forward import response_logprobs
 
 
-def test_rollout_training_and_transformers_log_probs_agree(tiny_vl, shapes):
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen2_vl"])
+def test_rollout_training_and_transformers_log_probs_agree(arch, request, shapes):
+    tiny_vl = request.getfixturevalue({"qwen2_5_vl": "tiny_vl", "qwen2_vl": "tiny_qwen2_vl"}[arch])
     train, _ = shapes
     host = get_host()
     config = resolve(host.algorithms.get("grpo"), {"model": {"path": tiny_vl},
@@ -53,21 +57,23 @@ def test_rollout_training_and_transformers_log_probs_agree(tiny_vl, shapes):
         parts = [response_logprobs(model, part, 1.0)[0] for part in batch.select(order).split(3)]
     torch.testing.assert_close(torch.cat(parts), logp[order], atol=2e-5, rtol=0)
 
-    # transformers' own forward, one sample at a time: with M-RoPE equal, with 1-D positions not
-    mrope_gap, plain_gap = 0.0, 0.0
-    for sample, completion in zip(samples, completions):
+    # transformers' own forward, one sample at a time: with M-RoPE equal; without
+    # mm_token_type_ids Qwen2.5-VL silently runs 1-D positions (the numbers move) and
+    # Qwen2-VL refuses
+    def scores(sample, completion, **kinds):
         ids = torch.tensor([sample["prompt_ids"] + completion.token_ids])
-        images = multimodal.present(sample["inputs"].tensors)
-        kinds = (ids == model.config.image_token_id).int()
         with torch.no_grad():
-            for use_mrope in (True, False):
-                logits = model(input_ids=ids, **images, **({"mm_token_type_ids": kinds} if use_mrope else {})).logits
-                start = len(sample["prompt_ids"]) - 1
-                scores = logits[0, start:-1].log_softmax(-1).gather(-1, ids[0, start + 1:, None]).squeeze(-1)
-                gap = (scores - torch.tensor(completion.logprobs)).abs().max().item()
-                if use_mrope:
-                    mrope_gap = max(mrope_gap, gap)
-                else:
-                    plain_gap = max(plain_gap, gap)
-    assert mrope_gap < 2e-5
-    assert plain_gap > 1e-3
+            logits = model(input_ids=ids, **multimodal.present(sample["inputs"].tensors), **kinds).logits
+        start = len(sample["prompt_ids"]) - 1
+        picked = logits[0, start:-1].log_softmax(-1).gather(-1, ids[0, start + 1:, None]).squeeze(-1)
+        return (picked - torch.tensor(completion.logprobs)).abs().max().item()
+
+    with_images = [(s, c) for s, c in zip(samples, completions) if s["inputs"].tensors]
+    for sample, completion in zip(samples, completions):
+        kinds = (torch.tensor([sample["prompt_ids"] + completion.token_ids]) == model.config.image_token_id).int()
+        assert scores(sample, completion, mm_token_type_ids=kinds) < 2e-5
+    if arch == "qwen2_5_vl":
+        assert max(scores(s, c) for s, c in with_images) > 1e-3
+    else:
+        with pytest.raises(ValueError, match="mm_token_type_ids"):
+            scores(*with_images[0])
