@@ -179,6 +179,31 @@ def test_report_overlays_two_runs(grpo_run, sft_run, tmp_path):
     assert "settings that differ:\n  algo: grpo (grpo-run), sft (sft-run)\n" in result.stdout
 
 
+def test_smoothing_is_tensorboards(tmp_path):
+    from rlx.report import smoothed
+
+    assert smoothed([3.0, 3.0, 3.0], 0.9) == pytest.approx([3.0, 3.0, 3.0])  # no pull towards 0
+    # (0.5 * 0 + 0.5 * 10) / (1 - 0.5²)
+    assert smoothed([0.0, 10.0], 0.5) == pytest.approx([0.0, 20 / 3])
+    assert smoothed([1.0, 5.0], 0.0) == [1.0, 5.0]
+
+    # a dense curve (30 steps) gets a smoothed line over its raw one; 3 evaluation points do not
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [{"step": s, "reward/mean": (s % 2) + s / 30} for s in range(1, 31)]
+    rows += [{"step": s, "eval/greedy_accuracy": s / 30} for s in (0, 15, 30)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in sorted(rows, key=lambda r: r["step"])))
+    lines = {}
+    for smooth in ("0", "0.6"):
+        result = rlx("report", str(run), "--smooth", smooth, "--output", str(tmp_path / smooth))
+        assert result.returncode == 0, result.stderr
+        lines[smooth] = (tmp_path / smooth / "report.html").read_text().count('<g id="line2d_')
+    assert lines["0.6"] == lines["0"] + 1
+    result = rlx("report", str(run), "--smooth", "1", "--output", str(tmp_path / "bad"))
+    assert result.returncode == 2 and "--smooth 1.0: the weight must be at least 0 and below 1" in result.stderr
+    assert not (tmp_path / "bad").exists()
+
+
 def test_bad_metrics_name_the_file_and_line(tmp_path):
     from rlx.errors import DataError
     from rlx.report import load_run, write_report

@@ -126,15 +126,19 @@ def report(
     output: Optional[str] = typer.Option(
         None, "--output", "-o", help="folder for report.png and report.html (default: the run folder for one "
                                      "run, ./report for several)"),
+    smooth: float = typer.Option(0.0, "--smooth", help="smooth each curve as TensorBoard does, with this weight "
+                                                       "on the past in [0, 1) (0: raw values)"),
 ):
     """Plot runs' curves (reward, KL, entropy, length, losses ...) into report.png and report.html."""
     from rlx.errors import DataError
     from rlx.report import difference_lines, load_runs, sample_line, write_report
 
+    if not 0 <= smooth < 1:
+        fail(f"--smooth {smooth}: the weight must be at least 0 and below 1")
     out = output or (runs[0] if len(runs) == 1 else "report")
     try:
         loaded = load_runs(runs)
-        written = write_report(loaded, out)
+        written = write_report(loaded, out, smooth)
     except DataError as e:
         fail(str(e), code=1)
     except OSError as e:

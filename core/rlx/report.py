@@ -153,8 +153,20 @@ class Report:
     differences: dict[str, list]  # setting -> one value per run, for those that differ
 
 
-def write_report(runs: list[Run], out_dir: str | Path) -> Report:
-    """Draw ``runs`` into ``out_dir/report.png`` and ``out_dir/report.html``."""
+def smoothed(values: list[float], weight: float) -> list[float]:
+    """TensorBoard's smoothing: an exponential moving average with ``weight`` on the past,
+    divided by 1 - weight^n so that the first points are not pulled towards 0."""
+    out, average = [], 0.0
+    for n, value in enumerate(values, 1):
+        average = weight * average + (1 - weight) * value
+        out.append(average / (1 - weight ** n))
+    return out
+
+
+def write_report(runs: list[Run], out_dir: str | Path, smooth: float = 0.0) -> Report:
+    """Draw ``runs`` into ``out_dir/report.png`` and ``out_dir/report.html``; with ``smooth``
+    in (0, 1) each curve of more than 20 points is drawn smoothed over its raw values, drawn
+    faint."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display, no GUI toolkit
@@ -189,8 +201,12 @@ def write_report(runs: list[Run], out_dir: str | Path) -> Report:
                 else:
                     colour, dash = colours[i % len(colours)], dashes[j % len(dashes)]
                     label = run.name if len(names) == 1 else f"{run.name}: {name}"
-                ax.plot(steps, values, color=colour, linestyle=dash, marker="o" if len(steps) <= 20 else None,
-                        markersize=3, label=label)
+                few = len(steps) <= 20  # evaluation steps, a short run: points, never smoothed
+                if smooth and not few:
+                    ax.plot(steps, values, color=colour, linestyle=dash, alpha=0.25, linewidth=0.8)
+                    values = smoothed(values, smooth)
+                ax.plot(steps, values, color=colour, linestyle=dash, marker="o" if few else None, markersize=3,
+                        label=label)
         ax.set_title(panel.title)
         ax.set_xlabel("step")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
