@@ -118,3 +118,27 @@ def test_unknown_logger_names_its_package(tmp_path):
         RunLogger(tmp_path, LoggingConfig(progress=False, logger_options={"tensorboard": {"x": 1}}), total_steps=1,
                   host=host)
     assert not (tmp_path / "metrics.jsonl").exists() and not (tmp_path / "tensorboard").exists()
+
+
+def test_a_failing_logger_is_named_and_the_step_kept(tmp_path):
+    from rlx.errors import RunError
+    from rlx.plugins import build_host
+
+    class Broken:
+        def __init__(self, output_dir, options, *, start_step=0):
+            pass
+
+        def log(self, step, metrics):
+            raise ConnectionError("server went away")
+
+        def close(self):
+            pass
+
+    host = build_host()
+    host.registry("register_loggers").add("broken", Broken, "tests")
+    cfg = LoggingConfig(tensorboard=False, progress=False, loggers=["broken"])
+    with RunLogger(tmp_path, cfg, total_steps=2, host=host) as logger:
+        with pytest.raises(RunError, match=r"logger 'broken' failed at step 1 \(metrics.jsonl holds the step\): "
+                                           r"ConnectionError: server went away"):
+            logger.log(1, {"loss": 0.5})
+    assert _rows(tmp_path / "metrics.jsonl") == [{"step": 1, "loss": 0.5}]
