@@ -52,8 +52,9 @@ def offline_runs(folder):
     return sorted((folder / "wandb").glob("offline-run-*"))
 
 
-def log_steps(out, steps, start_step=0, samples_at=()):
-    cfg = LoggingConfig(tensorboard=False, progress=False, loggers=["wandb"], logger_options={"wandb": OPTIONS})
+def log_steps(out, steps, start_step=0, samples_at=(), **options):
+    cfg = LoggingConfig(tensorboard=False, progress=False, loggers=["wandb"],
+                        logger_options={"wandb": {**OPTIONS, **options}})
     with RunLogger(out, cfg, total_steps=10, start_step=start_step, host=build_host()) as logger:
         for step in steps:
             logger.log(step, {"reward/mean": step / 10, "loss/policy": math.nan if step == 2 else 1.0 / step})
@@ -95,6 +96,15 @@ def test_a_resumed_run_continues_the_same_wandb_run(tmp_path):
     assert f"-{run_id}" in first.name and f"-{run_id}" in second.name  # (a run started in the same second ends -1)
     (events,) = second.glob("run-*.wandb")
     assert [r["_step"] for r in history(events)] == [2, 3]
+
+
+def test_dir_and_disabled_mode(tmp_path):
+    log_steps(tmp_path / "run", [1], dir=str(tmp_path / "elsewhere"))
+    (run,) = offline_runs(tmp_path / "elsewhere")
+    assert list(run.glob("run-*.wandb")) and not (tmp_path / "run" / "wandb").exists()
+    log_steps(tmp_path / "off", [1], mode="disabled")
+    assert not (tmp_path / "off" / "wandb").exists()
+    assert (tmp_path / "off" / "metrics.jsonl").read_text() == '{"step": 1, "reward/mean": 0.1, "loss/policy": 1.0}\n'
 
 
 def test_bad_options_name_the_key(tmp_path):
