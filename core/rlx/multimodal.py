@@ -119,14 +119,19 @@ def row_images(row: dict, prompt_key: str, image_key: str) -> tuple[str | list[d
         column = [column]
     wanted = sum(s is None for s in inline)
     if wanted != len(column):
-        where = f"key {image_key!r} holds {len(column)} image{'s' if len(column) != 1 else ''}"
+        carried = len(inline) - wanted
+        marks = f"{PLACEHOLDER} or image items" + (f", {carried} carrying their image" if carried else "")
+        where = f"key {image_key!r} holds {_count(len(column), 'image')}"
         if image_key not in row:
             where = f"there is no key {image_key!r} (columns: {', '.join(map(str, row))})"
-        raise ValueError(f"the prompt has {len(inline)} image placeholder{'s' if len(inline) != 1 else ''} "
-                         f"({PLACEHOLDER} or image items{f', {len(inline) - wanted} with their image' if wanted != len(inline) else ''}) "
-                         f"but {where}; give one image per placeholder")
+        raise ValueError(f"the prompt has {_count(len(inline), 'image placeholder')} ({marks}) but {where}; "
+                         f"give one image per placeholder")
     sources = iter(column)
     return prompt, [next(sources) if s is None else s for s in inline]
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def describe(source: Any) -> str:
@@ -162,7 +167,10 @@ def load_image(source: Any, base_dirs: list[Path], fetch=None):
     if source.startswith(("http://", "https://")):
         if fetch is None:
             raise ImageError(f"image {describe(source)} is a URL and this model's processor fetches none")
-        return fetch(source).convert("RGB")
+        try:
+            return fetch(source).convert("RGB")
+        except Exception as e:  # a network error, a page that is not an image ...
+            raise ImageError(f"image {describe(source)} could not be fetched: {type(e).__name__}: {e}") from e
     if source.startswith("data:"):
         header, _, payload = source.partition(",")
         if ";base64" not in header:
@@ -184,7 +192,7 @@ def load_image(source: Any, base_dirs: list[Path], fetch=None):
 
 def _b64(text: str, source: str) -> bytes:
     try:
-        return base64.b64decode(text, validate=True)
+        return base64.b64decode("".join(text.split()), validate=True)
     except (binascii.Error, ValueError) as e:
         raise ImageError(f"image {describe(source)} is not valid base64 ({e})") from e
 
