@@ -74,8 +74,8 @@ def test_images_from_paths_bytes_base64_and_records_are_the_same_pixels(tiny_vl,
     (tmp_path / "red.png").write_bytes(raw)
     vision = vision_of(tiny_vl, tmp_path)
     b64 = base64.b64encode(raw).decode()
-    sources = ["red.png", str(tmp_path / "red.png"), raw, b64, f"data:image/png;base64,{b64}", {"bytes": raw},
-               {"path": "red.png"}]
+    sources = ["red.png", str(tmp_path / "red.png"), raw, b64, base64.encodebytes(raw).decode(),
+               f"data:image/png;base64,{b64}", {"bytes": raw}, {"path": "red.png"}]
     pixels = [vision.encode_prompt({"prompt": QUESTION, "images": [s]})["inputs"].tensors["pixel_values"]
               for s in sources]
     assert all(torch.equal(p, pixels[0]) for p in pixels)
@@ -104,6 +104,7 @@ def test_bad_images_and_counts_name_the_line_and_the_file(tiny_vl, tmp_path):
         {"prompt": "<image><image>Same colour?", "images": ["ok.png"]},
         {"prompt": QUESTION, "images": ["ok.png", "ok.png"]},
         {"prompt": QUESTION, "images": [12]},
+        {"prompt": QUESTION, "images": ["http://127.0.0.1:9/red.png"]},  # no qwen-vl-utils here, or no server
     ]
     path = tmp_path / "rows.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
@@ -118,6 +119,7 @@ def test_bad_images_and_counts_name_the_line_and_the_file(tiny_vl, tmp_path):
         r"line 6: the prompt has 2 image placeholders .* but key 'images' holds 1 image;",
         r"line 7: the prompt has 1 image placeholder .* but key 'images' holds 2 images;",
         r"line 8: image 1 of 1: an image should be a path, bytes or base64 text, got int",
+        r"line 9: image 1 of 1: image 'http://127.0.0.1:9/red.png' could not be fetched",
     ]
     for index, message in enumerate(expected):
         one = data.RowSource(source.source, [source.rows[0], source.rows[index + 1]], [1, index + 2], unit="line")
