@@ -104,7 +104,8 @@ def test_the_suite_catches_each_breach(tmp_path, monkeypatch):
         sys.modules.pop("rlx_fake_parts", None)
     assert failures["loads"] is None and failures["unique-names"] is None
     assert "imports ['torch']" in failures["light-import"]
-    assert "names estimator 'group_norm' of rlx-grpo, which rlx-fake-parts does not depend on" in failures["dependencies"]
+    assert ("names estimator 'group_norm' of rlx-grpo, which rlx-fake-parts does not depend on"
+            in failures["dependencies"])
     assert "config field 'clip_max' has no help text" in failures["algorithm:bad_algo:config"]
     assert "group by group_ids, not by position" in failures["estimator:by_position"]
     assert "returned metric 'ratio' of shape (6, 5)" in failures["policy-loss:leaky"]
@@ -142,3 +143,21 @@ def test_the_suite_runs_under_pytest_by_distribution_name(tmp_path):
     cli = subprocess.run([sys.executable, "-m", "rlx_cli", "plugins", "check", "rlx-fake-nothing"],
                          capture_output=True, text=True, timeout=300)
     assert cli.returncode == 1 and "FAIL  loads" in cli.stdout and "is not installed" in cli.stdout
+
+
+def test_a_conflict_fails_unique_names_and_a_half_broken_distribution_fails_loads(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    dupe = ("from rlx import hookimpl\n@hookimpl\n"
+            "def register_samplers(register):\n    register('dynamic_filter', None)\n")
+    make_dist(tmp_path, "rlx-fake-dupe", {"rlx_fake_dupe.py": dupe}, {"dupe": "rlx_fake_dupe"})
+    make_dist(tmp_path, "rlx-fake-half", {"rlx_fake_ok.py": "x = 1\n", "rlx_fake_bad.py": "import nope_nothing\n"},
+              {"ok": "rlx_fake_ok", "bad": "rlx_fake_bad"})
+    host = build_host()
+    dupe_checks = {c.id: c for c in checks("rlx-fake-dupe", host=host)}
+    dupe_checks["loads"].run()
+    twice = "sampler 'dynamic_filter' is registered twice: by rlx-fake-dupe and by rlx-sampler-dynamic"
+    with pytest.raises(AssertionError, match=twice):
+        dupe_checks["unique-names"].run()
+    half = {c.id: c for c in checks("rlx-fake-half", host=host)}
+    with pytest.raises(AssertionError, match="rlx-fake-half failed to load: failed to import rlx_fake_bad"):
+        half["loads"].run()

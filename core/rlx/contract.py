@@ -130,8 +130,11 @@ def run_checks(dist: str, *, train: bool | str = True) -> list[tuple[str, str | 
 
 
 def _loads(host: Host, dist: str) -> None:
-    if dist in host.failures and dist not in host.plugins:
-        raise ContractError(f"{dist} failed to load: {host.failures[dist]}")
+    # a name conflict is recorded as a failure too, but it is the unique-names check's
+    conflicts = [r.conflict_message(n) for r in host.registries.values() for n, ps in r.conflicts.items() if dist in ps]
+    reason = host.failures.get(dist)
+    if reason and reason != "; ".join(conflicts):
+        raise ContractError(f"{dist} failed to load: {reason}")
     if dist not in host.plugins:
         raise ContractError(f"{dist} is not installed, or has no entry point in the 'rlx' group")
 
