@@ -63,12 +63,9 @@ class Check:
     run: Callable[[], None]
 
 
-def contract_tests(dist: str, *, train: bool | str = True):
-    """A pytest test function running every check of ``dist``, one parametrized case each.
-
-    ``train``: True trains every algorithm two steps, ``"one"`` only the first of the
-    distribution, False none.
-    """
+def contract_tests(dist: str, *, train: bool = True):
+    """A pytest test function running every check of ``dist``, one parametrized case each;
+    ``train=False`` leaves out the training runs."""
     import pytest
 
     found = checks(dist, train=train)
@@ -80,7 +77,7 @@ def contract_tests(dist: str, *, train: bool | str = True):
     return test_contract
 
 
-def checks(dist: str, *, train: bool | str = True, host: Host | None = None) -> list[Check]:
+def checks(dist: str, *, train: bool = True, host: Host | None = None) -> list[Check]:
     """The checks of distribution ``dist``: the load checks first, then one or two a component."""
     host = host or build_host()
     if dist not in host.plugins:  # nothing else can be checked
@@ -90,10 +87,10 @@ def checks(dist: str, *, train: bool | str = True, host: Host | None = None) -> 
              Check("dependencies", lambda: _dependencies(host, dist))]
     mine = {hook: [name for name in registry.items if registry.providers[name] == dist]
             for hook, registry in host.registries.items()}
-    for i, name in enumerate(mine["register_algorithms"]):
+    for name in mine["register_algorithms"]:
         spec = host.algorithms.get(name)
         found.append(Check(f"algorithm:{name}:config", lambda spec=spec: _config(spec)))
-        if train is True or (train == "one" and i == 0):
+        if train:
             found.append(Check(f"algorithm:{name}:trains", lambda spec=spec: _trains(host, spec)))
     per_kind = {
         "register_advantage_estimators": ("estimator", _estimator),
@@ -113,7 +110,7 @@ def checks(dist: str, *, train: bool | str = True, host: Host | None = None) -> 
     return found
 
 
-def run_checks(dist: str, *, train: bool | str = True) -> list[tuple[str, str | None]]:
+def run_checks(dist: str, *, train: bool = True) -> list[tuple[str, str | None]]:
     """``(check id, failure or None)`` for every check of ``dist``."""
     results = []
     for check in checks(dist, train=train):
