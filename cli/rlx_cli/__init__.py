@@ -57,11 +57,14 @@ def unknown_algorithm(name: str, host) -> str:
     if package in failures:
         return f"algorithm {name!r} is provided by {package}, which is installed but failed to load: {failures[package]}"
     installed = ", ".join(host.algorithms) or "none"
-    where = (f"It is provided by {package}: pip install {package} (or pip install -e plugins/algorithms/...)."
-             if package else f"No known package provides it; a plugin would register it through the 'rlx' entry points.")
-    broken = "".join(f" {dist} is installed but failed to load, and may provide it: {reason}."
-                     for dist, reason in failures.items())
-    return f"algorithm {name!r} is not installed. Installed: {installed}. {where}{broken}"
+    if package:
+        where = f"It is provided by {package}: pip install {package} (or pip install -e plugins/algorithms/...)."
+    elif failures:
+        where = "".join(f"{dist} is installed but failed to load, and may provide it: {reason}. "
+                        for dist, reason in failures.items()).rstrip()
+    else:
+        where = "No known package provides it; a plugin would register it through the 'rlx' entry points."
+    return f"algorithm {name!r} is not installed. Installed: {installed}. {where}"
 
 
 @app.command()
