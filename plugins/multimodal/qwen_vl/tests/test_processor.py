@@ -142,3 +142,16 @@ def test_a_bad_image_stops_a_run_before_any_model_loads(tiny_vl, tmp_path, monke
     with pytest.raises(Exception, match=r"rows.jsonl line 1: image 1 of 1: image file 'gone.png' does not exist"):
         run(config, host)
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_rlx_qwen_vl_shapes_writes_the_task(tmp_path):
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "rlx_cli", "qwen-vl", "shapes", str(tmp_path / "s"), "--rows", "3"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    rows = [json.loads(line) for line in (tmp_path / "s" / "pairs.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 and all((tmp_path / "s" / r["images"][0]).is_file() and r["chosen"] != r["rejected"]
+                                  for r in rows)
+    assert f"prompts: {tmp_path / 's' / 'prompts.jsonl'}" in result.stdout
