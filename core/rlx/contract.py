@@ -26,7 +26,7 @@ What is checked, for the distribution and each component it registers:
   ``group_ids``, not by position (shuffling the samples shuffles its output alike);
 - a policy, value or off-policy loss returns a per-token loss shaped like the mask and
   scalar metrics, and its gradient reaches the log-probs (values); a preference loss
-  returns one loss per pair (example) and a gradient;
+  returns one loss and one value of each metric per pair (example), and a gradient;
 - a reward function returns one finite number per sample; a sampler refuses an
   unknown option and keeps or drops whole groups; a reward-model or VLM-processor
   factory takes ``(path, *, config)``; a task makes prompts with labels.
@@ -403,8 +403,9 @@ def _preference_loss(host: Host, hook: str, name: str) -> None:
         raise ContractError(f"{what} must return one loss per pair, shape [B] = (4,), got "
                             f"{tuple(getattr(loss, 'shape', ()))}")
     for key, value in metrics.items():
-        if getattr(value, "numel", lambda: 1)() not in (1, 4):
-            raise ContractError(f"{what} returned metric {key!r} of shape {tuple(value.shape)}, not [B] or a scalar")
+        if tuple(getattr(value, "shape", ())) != (4,):  # the loop averages them over the step's pairs
+            raise ContractError(f"{what} returned metric {key!r} of shape {tuple(getattr(value, 'shape', ()))}, "
+                                f"not one value per pair, [B] = (4,)")
     _gradient_flows(what, loss, None, policy)
 
 
