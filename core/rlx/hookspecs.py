@@ -38,7 +38,8 @@ def register_policy_losses(register: Register) -> None:
     """Register policy losses: ``register(name, fn)``, where
     ``fn(logp, old_logp, advantages, mask, *, config, rollout_logp) -> (per_token_loss, metrics)``;
     ``rollout_logp`` [B, T] (the rollout engine's log-probs of the sampled tokens, or None)
-    is passed only to a function that takes it."""
+    is passed only to a function that takes it. ``config`` is the algorithm's config,
+    ``per_token_loss`` is [B, T] like ``mask`` and ``metrics`` maps names to scalars."""
 
 
 @hookspec
