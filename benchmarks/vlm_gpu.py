@@ -97,7 +97,8 @@ def step_times(model_path: str, data: Path, out: Path, device: str, prompts: int
                "-o", str(out)] + [arg for key, value in settings.items() for arg in ("-s", f"{key}={value}")]
     subprocess.run(command, check=True, capture_output=True)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return [r["time/rollout"] + r["time/logprobs"] + r["time/train"] + r["time/sync"] for r in rows if "time/train" in r][1:]
+    steps = [r for r in rows if "time/train" in r]
+    return [r["time/rollout"] + r["time/logprobs"] + r["time/train"] + r["time/sync"] for r in steps][1:]
 
 
 def main() -> None:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from rlx.errors import ConfigError, DataError, ModelError
+from rlx.errors import ConfigError, ModelError
 
 PLACEHOLDER = "<image>"
 _BASE64 = re.compile(r"^[A-Za-z0-9+/=\s]+$")
@@ -176,8 +176,8 @@ def load_image(source: Any, base_dirs: list[Path], fetch=None):
         if ";base64" not in header:
             raise ImageError(f"image {describe(source)}: a data: URI must be base64-encoded")
         return _decode(_b64(payload, source), "the data: URI")
-    candidates = [Path(source).expanduser()] if Path(source).expanduser().is_absolute() else \
-        [d / source for d in base_dirs] + [Path(source)]
+    path = Path(source).expanduser()
+    candidates = [path] if path.is_absolute() else [d / source for d in base_dirs] + [path]
     for path in candidates:
         if path.is_file():
             try:
@@ -258,14 +258,16 @@ class VisionData:
 
         from rlx.data import ImageMessages, Messages
 
-        required = {k: tuple(ImageMessages if t is Messages else t for t in types) for k, types in schema.required.items()}
+        required = {key: tuple(ImageMessages if t is Messages else t for t in types)
+                    for key, types in schema.required.items()}
         return dataclasses.replace(schema, required=required, check=self.check)
 
     def check(self, row: dict) -> str | None:
-        """What is wrong with ``row``'s images and placeholders, or None."""
-        if self.cfg.messages_key in row and row.get(self.cfg.messages_key) is not None:
-            return f"multi-turn rows (key {self.cfg.messages_key!r}) with images are not supported; " \
-                   f"use prompt and response"
+        """What is wrong with ``row``'s images and placeholders, or None (by encoding it:
+        rows with images are encoded twice as they load, once checked and once kept)."""
+        if row.get(self.cfg.messages_key) is not None:
+            return (f"multi-turn rows (key {self.cfg.messages_key!r}) with images are not supported; "
+                    f"use prompt and response")
         try:
             self._prompt(row)
         except ValueError as e:

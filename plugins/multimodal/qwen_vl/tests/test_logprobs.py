@@ -38,7 +38,8 @@ def test_rollout_training_and_transformers_log_probs_agree(arch, request, shapes
 
     n = 2
     completions = NativeEngine(model, tokenizer).generate(
-        [p["prompt_ids"] for p in prompts], SamplingParams(n=n, max_new_tokens=6, seed=0), [p["inputs"] for p in prompts])
+        [p["prompt_ids"] for p in prompts], SamplingParams(n=n, max_new_tokens=6, seed=0),
+        [p["inputs"] for p in prompts])
     image_ids = {model.config.image_token_id, model.config.video_token_id}
     assert not any(image_ids & set(c.token_ids) for c in completions)  # responses never ask for pixels
     samples = [p for p in prompts for _ in range(n)]

@@ -58,8 +58,9 @@ def test_a_prompt_encodes_as_transformers_image_processor_tokenizer_and_rope_ind
     tokenizer = models.load_tokenizer(tiny_vl)
     n = (hf["image_grid_thw"].prod(-1) // 4).tolist()
     vision_text = [f"<|vision_start|>{'<|image_pad|>' * k}<|vision_end|>" for k in n]
-    text = tokenizer.apply_chat_template([{"role": "user", "content": f"{vision_text[0]}Which is red?{vision_text[1]}"}],
-                                         tokenize=False, add_generation_prompt=True)
+    content = f"{vision_text[0]}Which is red?{vision_text[1]}"
+    text = tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
+                                         add_generation_prompt=True)
     assert encoded["prompt_ids"] == tokenizer(text, add_special_tokens=False)["input_ids"]
     assert encoded["prompt_text"].count("<|image_pad|>") == 2  # readable: one pad per image
 

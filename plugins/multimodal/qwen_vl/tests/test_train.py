@@ -84,7 +84,8 @@ def test_dpo_learns_image_preference_pairs_and_a_frozen_tower_stays(tiny_vl, sha
     assert losses[-1] < losses[0] - 0.1, losses  # from log 2 = 0.69
     print("DPO loss by step:", [round(x, 3) for x in losses], "eval accuracy", metrics["eval/accuracy"])
     assert metrics["eval/accuracy"] > 0.7  # held-out pairs: the right colour over a wrong one
-    before, after = load_file(f"{tiny_vl}/model.safetensors"), load_file(tmp_path / "dpo" / "final" / "model.safetensors")
+    before = load_file(f"{tiny_vl}/model.safetensors")
+    after = load_file(tmp_path / "dpo" / "final" / "model.safetensors")
     visual = [k for k in before if k.startswith("visual.")]
     assert visual and all(torch.equal(before[k], after[k]) for k in visual)
     assert not torch.equal(before["model.layers.0.mlp.up_proj.weight"], after["model.layers.0.mlp.up_proj.weight"])
