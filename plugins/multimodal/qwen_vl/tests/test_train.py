@@ -67,9 +67,12 @@ def test_grpo_on_images_raises_the_reward_after_a_brief_sft(sft_policy, shapes, 
 
 @pytest.mark.parametrize("algo", ["reinforce_pp", "reinforce_pp_baseline", "rloo"])
 def test_other_online_algorithms_run_on_images(algo, sft_policy, shapes, tmp_path):
-    metrics = online(sft_policy, shapes, tmp_path / algo, algo=algo, steps=2, **{"checkpoint.save_final": False})
+    # with a KL term: the reference scores the images too
+    metrics = online(sft_policy, shapes, tmp_path / algo, algo=algo, steps=2,
+                     **{"checkpoint.save_final": False, "algorithm.kl_coef": 0.01})
     assert all(math.isfinite(v) for v in metrics.values() if isinstance(v, float))
     assert metrics["rollout/logp_diff_max"] < 1e-4 and metrics["grad_norm"] > 0
+    assert metrics["kl"] != 0  # the second step's policy has moved from the reference
 
 
 def test_dpo_learns_image_preference_pairs_and_a_frozen_tower_stays(tiny_vl, shapes, tmp_path):
