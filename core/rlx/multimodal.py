@@ -413,8 +413,9 @@ def copy_processor_files(model_path: str, out: Path) -> None:
             shutil.copyfile(source, out / name)
 
 
-def check_supported(config, spec) -> None:
-    """Refuse, before any model loads, what a run with images cannot do yet."""
+def check_supported(config, spec, engine: str | None = None) -> None:
+    """Refuse, before any model loads, what a run with images cannot do yet (``engine``:
+    the online run's rollout engine)."""
     problems = []
     if spec.loop == "online" and spec.value_loss:
         problems.append(f"{spec.name} trains a critic (a value model), which takes no images yet; "
@@ -424,8 +425,10 @@ def check_supported(config, spec) -> None:
                         f"use sft or a pairwise preference algorithm such as dpo")
     if config.training.packing:
         problems.append("training.packing does not pack image inputs yet; set it to false")
-    if config.rollout.engine == "vllm" and spec.loop == "online":
+    if engine == "vllm":
         problems.append("rollout.engine=vllm does not receive images from rlx yet; use the native engine")
+    if spec.loop == "online" and config.environment.name:
+        problems.append(f"environment {config.environment.name!r}: multi-turn episodes take no images yet")
     if problems:
         raise ConfigError(f"model {config.model.path!r} is a vision-language model: " + "; ".join(problems))
 

@@ -234,8 +234,6 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
     device = models.resolve_device(t.device)
     tokenizer = models.load_tokenizer(config.model.path)
     vision = multimodal.vision_data(config, host, tokenizer)
-    if vision is not None:
-        multimodal.check_supported(config, spec)
 
     prompts = _load_prompts(config, host, tokenizer, config.data.split, log, vision)
     if config.data.max_samples:
@@ -254,6 +252,8 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
     engine_name = "native" if engine_name == "auto" else engine_name
     if engine_name not in ("native", "vllm"):
         raise RunError(f"rollout engine {engine_name!r} is not one of native, vllm")
+    if vision is not None:
+        multimodal.check_supported(config, spec, engine_name)
 
     # the roles, placed by the launcher
     samples = a.rollout_batch_size * a.n_samples

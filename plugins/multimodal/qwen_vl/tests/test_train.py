@@ -119,3 +119,19 @@ def test_a_frozen_vision_tower_does_not_train_and_is_not_sent_to_engines(tiny_vl
     assert trainable and not any(n.startswith("model.visual.") for n in trainable)
     sent = models.engine_weights(model, model.state_dict())
     assert not any(".visual." in k for k in sent) and "model.language_model.layers.0.mlp.up_proj.weight" in sent
+
+
+def test_a_multi_turn_environment_with_images_fails_before_a_model_loads(tiny_vl, shapes, tmp_path, monkeypatch):
+    from rlx import models
+
+    plugin = tmp_path / "echo_env.py"  # an environment of the run's own, registered by a local plugin
+    plugin.write_text("from rlx import hookimpl\n\n\n@hookimpl\ndef register_environments(register):\n"
+                      "    register('echo', lambda **options: None)\n")
+    monkeypatch.setattr(models, "load_causal_lm", lambda *a, **k: pytest.fail("a model loaded"))
+    host = get_host([str(plugin)])
+    tree: dict = {}
+    for key, value in {**COMMON, "model.path": tiny_vl, "data.path": str(shapes[0]["prompts"]),
+                       "output": str(tmp_path / "x"), "environment.name": "echo", "plugins": [str(plugin)]}.items():
+        set_dotted(tree, key, value)
+    with pytest.raises((ConfigError, RunError), match="environment 'echo': multi-turn episodes take no images"):
+        run(resolve(host.algorithms.get("grpo"), tree), host)
