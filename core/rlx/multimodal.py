@@ -74,6 +74,21 @@ class ImageError(ValueError):
     """An image could not be read; the message names the image."""
 
 
+class ImagesOnDemand:
+    """A prompt's model inputs kept as its images' file bytes, the tensors made again by its
+    processor whenever a batch takes them: a dataset's patch tensors would not fit in
+    memory (a 1024x768 image is 1000 patches of 1176 floats, 4.7 MB). It pickles with its
+    processor, once per message for all the prompts that share it."""
+
+    def __init__(self, processor: VLMProcessor, prompt: str | list[dict], files: list[bytes], positions: Any):
+        self.processor, self.prompt, self.files, self.positions = processor, prompt, files, positions
+
+    @property
+    def tensors(self) -> dict:
+        images = [_decode(raw, f"image {i}") for i, raw in enumerate(self.files, 1)]
+        return self.processor.encode(self.prompt, images).inputs.tensors
+
+
 # ---------------------------------------------------------------------------
 # reading a row's images
 
@@ -146,48 +161,60 @@ def describe(source: Any) -> str:
 
 
 def load_image(source: Any, base_dirs: list[Path], fetch=None):
-    """The RGB PIL image of ``source``: a PIL image, bytes, a ``{"bytes", "path"}``
-    record, a ``data:`` URI, a path (relative paths are tried in ``base_dirs`` in turn)
-    or base64 text. A URL goes to ``fetch(url)``. The file is decoded whole here, so a
-    truncated or corrupt one fails now."""
+    """The RGB PIL image of ``source`` (see ``image_file``), decoded whole, so that a
+    truncated or corrupt file fails now."""
+    return _decode(*image_file(source, base_dirs, fetch))
+
+
+def image_file(source: Any, base_dirs: list[Path], fetch=None) -> tuple[bytes, str]:
+    """The file bytes of the image ``source`` names, and a name for messages. ``source`` is
+    bytes, a ``{"bytes", "path"}`` record, a ``data:`` URI, a path (relative paths are tried
+    in ``base_dirs`` in turn), base64 text, or a PIL image (kept as PNG). A URL goes to
+    ``fetch(url)``."""
     from PIL import Image
 
     if isinstance(source, Image.Image):
-        return source.convert("RGB")
+        return _png(source), "a PIL image"
     if isinstance(source, dict):
         if source.get("bytes"):
-            return _decode(source["bytes"], describe(source))
+            return source["bytes"], describe(source)
         if source.get("path"):
-            return load_image(source["path"], base_dirs, fetch)
+            return image_file(source["path"], base_dirs, fetch)
         raise ImageError(f"image record {source!r} has neither 'bytes' nor 'path'")
     if isinstance(source, (bytes, bytearray)):
-        return _decode(bytes(source), describe(source))
+        return bytes(source), describe(source)
     if not isinstance(source, str) or not source:
         raise ImageError(f"an image should be a path, bytes or base64 text, got {describe(source)}")
     if source.startswith(("http://", "https://")):
         if fetch is None:
             raise ImageError(f"image {describe(source)} is a URL and this model's processor fetches none")
         try:
-            return fetch(source).convert("RGB")
+            return _png(fetch(source)), describe(source)
         except Exception as e:  # a network error, a page that is not an image ...
             raise ImageError(f"image {describe(source)} could not be fetched: {type(e).__name__}: {e}") from e
     if source.startswith("data:"):
         header, _, payload = source.partition(",")
         if ";base64" not in header:
             raise ImageError(f"image {describe(source)}: a data: URI must be base64-encoded")
-        return _decode(_b64(payload, source), "the data: URI")
+        return _b64(payload, source), "the data: URI"
     path = Path(source).expanduser()
     candidates = [path] if path.is_absolute() else [d / source for d in base_dirs] + [path]
     for path in candidates:
         if path.is_file():
             try:
-                return _decode(path.read_bytes(), repr(str(path)))
+                return path.read_bytes(), repr(str(path))
             except OSError as e:
                 raise ImageError(f"image {str(path)!r} could not be read: {e}") from e
     if len(source) >= 64 and _BASE64.match(source):
-        return _decode(_b64(source, source), "base64 text")
+        return _b64(source, source), "base64 text"
     looked = ", ".join(repr(str(p)) for p in dict.fromkeys(candidates))
     raise ImageError(f"image file {source!r} does not exist (looked for {looked})")
+
+
+def _png(image) -> bytes:
+    out = io.BytesIO()
+    image.convert("RGB").save(out, format="PNG")
+    return out.getvalue()
 
 
 def _b64(text: str, source: str) -> bytes:
@@ -230,25 +257,25 @@ class VisionData:
         self.base_dirs = [path.parent] if path.is_file() else [path] if path.is_dir() else []
         return self
 
-    def _images(self, row: dict) -> tuple[str | list[dict], list]:
+    def _prompt(self, row: dict) -> VisionPrompt:
+        """The row's prompt encoded; its image tensors are made again when a batch uses them."""
         prompt, sources = row_images(row, self.cfg.prompt_key, self.cfg.image_key)
         fetch = getattr(self.processor, "fetch_image", None)
-        images = []
+        files, images = [], []
         for i, source in enumerate(sources, 1):
             try:
-                images.append(load_image(source, self.base_dirs, fetch))
+                files.append(image_file(source, self.base_dirs, fetch))
+                images.append(_decode(*files[-1]))
             except ImageError as e:
                 raise ImageError(f"image {i} of {len(sources)}: {e}") from e
-        return prompt, images
-
-    def _prompt(self, row: dict) -> VisionPrompt:
-        prompt, images = self._images(row)
         encoded = self.processor.encode(prompt, images)
         limit = min(self.cfg.max_prompt_length, self.cfg.max_length - 1)
         if len(encoded.ids) > limit:
             # a prompt cut from the left would lose image tokens but keep their pixels
             raise ValueError(f"the prompt is {len(encoded.ids)} tokens with its images, over the limit of {limit} "
                              f"(data.max_prompt_length, data.max_length - 1): raise it or lower data.max_pixels")
+        if images:
+            encoded.inputs = ImagesOnDemand(self.processor, prompt, [raw for raw, _ in files], encoded.inputs.positions)
         return encoded
 
     def schema(self, schema):
@@ -311,10 +338,15 @@ def collate(inputs: list[ModelInputs]) -> tuple[dict, dict]:
     image) owns no rows of it."""
     import torch
 
-    shapes = {k: v.shape[1:] for item in inputs for k, v in item.tensors.items()}
+    made: dict[int, dict] = {}  # the samples of one prompt share its inputs: make them once
+    for item in inputs:
+        if id(item) not in made:
+            made[id(item)] = item.tensors
+    tensors = [made[id(item)] for item in inputs]
+    shapes = {k: v.shape[1:] for item in tensors for k, v in item.items()}
     extra, rows = {}, {}
     for key, shape in shapes.items():
-        parts = [item.tensors.get(key) for item in inputs]
+        parts = [item.get(key) for item in tensors]
         like = next(p for p in parts if p is not None)
         parts = [like.new_zeros((0, *shape)) if p is None else p for p in parts]
         extra[key], rows[key] = torch.cat(parts), torch.tensor([len(p) for p in parts])

@@ -81,6 +81,13 @@ def test_images_from_paths_bytes_base64_and_records_are_the_same_pixels(tiny_vl,
               for s in sources]
     assert all(torch.equal(p, pixels[0]) for p in pixels)
 
+    # a prompt holds its image's file, not its patches; it travels (to a Ray worker) as that
+    import pickle
+
+    inputs = vision.encode_prompt({"prompt": QUESTION, "images": ["red.png"]})["inputs"]
+    assert inputs.files == [raw] and not any(isinstance(v, torch.Tensor) for v in (inputs.prompt, *inputs.files))
+    assert torch.equal(pickle.loads(pickle.dumps(inputs)).tensors["pixel_values"], pixels[0])
+
 
 def test_pixel_bounds_set_the_number_of_image_tokens(tiny_vl, tmp_path):
     (tmp_path / "big.png").write_bytes(png(size=(112, 112)))
