@@ -78,6 +78,11 @@ class RayGroup:
             elif isinstance(error, RayTaskError):  # the worker raised: its own error, as it was
                 cause = getattr(error, "cause", None)
                 future.set_exception(cause if isinstance(cause, Exception) else error.as_instanceof_cause())
+            elif isinstance(error, RayActorError) and getattr(error, "actor_init_failed", False):
+                # its constructor raised: the message ends with that error's own last line
+                lines = [line for line in str(error).splitlines() if line.strip()]
+                future.set_exception(RunError(f"the {self.role} worker (rank {rank}) failed to start: "
+                                              f"{lines[-1].strip()}"))
             elif isinstance(error, RayActorError):
                 future.set_exception(RunError(f"the {self.role} worker (rank {rank}) died during {method}(): "
                                               f"{str(error).splitlines()[0]}"))
