@@ -169,6 +169,14 @@ ZERO3 = ["--algo", "grpo", "--set", "training.backend=deepspeed", "--set", "trai
          "--set", "algorithm.kl_coef=0.01", "--set", "training.micro_batch_size=16"]
 
 
+def test_a_worker_that_cannot_start_is_named_with_its_own_error(demo_policy, tmp_path):
+    result = rlx("train", "--algo", "grpo", "--launcher", "ray", "--set", f"reward.model={tmp_path / 'missing'}",
+                 "--output", "run", *SETTINGS, cwd=tmp_path)
+    assert result.returncode != 0
+    assert (f"the reward worker (rank 0) failed to start: rlx.errors.RewardError: reward.model: 'model' could not "
+            f"load '{tmp_path / 'missing'}'") in result.stdout + result.stderr
+
+
 def test_two_zero3_policy_ranks_give_the_one_rank_update_and_resume(demo_policy, tmp_path):
     # the policy on 2 ZeRO-3 ranks (gloo) under Ray, a reference, a reward and a rollout actor,
     # against one ZeRO-3 rank in one process: the same global batch, the same updates
