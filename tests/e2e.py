@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from rlx.hookspecs import hookimpl
 from rlx.testing import QUIET, one_thread  # noqa: F401  (re-exported for the e2e tests)
 
 # small, fast defaults for every end-to-end run: a few rows, a tiny eval set
@@ -73,3 +74,19 @@ def snapshot(root: Path) -> dict[str, tuple[str, int]]:
             files[str(path.relative_to(root))] = (hashlib.sha256(path.read_bytes()).hexdigest(),
                                                   path.stat().st_mtime_ns)
     return files
+
+
+class Killed(Exception):
+    pass
+
+
+class KillAfter:
+    """A plugin that stops the run like a kill would: after step ``step`` is logged."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    @hookimpl
+    def on_step_end(self, step, metrics):
+        if step == self.step:
+            raise Killed(f"killed after step {step}")

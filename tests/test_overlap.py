@@ -6,9 +6,8 @@ import json
 
 import pytest
 
-from e2e import one_thread  # noqa: F401 (autouse)
+from e2e import KillAfter, Killed, one_thread  # noqa: F401 (one_thread: autouse)
 from rlx.config import ConfigError, resolve
-from rlx.hookspecs import hookimpl
 from rlx.plugins import build_host
 from rlx.run import run
 
@@ -42,20 +41,6 @@ def test_overlapped_rollouts_lag_within_the_bound(host, demo_policy, tmp_path):
     # later samples come from weights one update old: the trainer's log-probs moved away
     # from the engine's, by far more than the rounding a synchronous step sees
     assert one[1]["rollout/logp_diff"] > 10 * synchronous[1]["rollout/logp_diff"] + 1e-5
-
-
-class Killed(Exception):
-    pass
-
-
-class KillAfter:
-    def __init__(self, step: int):
-        self.step = step
-
-    @hookimpl
-    def on_step_end(self, step, metrics):
-        if step == self.step:
-            raise Killed(f"killed after step {step}")
 
 
 def test_a_killed_overlapped_run_resumes_exactly(host, demo_policy, tmp_path):

@@ -4,28 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from e2e import config, metrics, one_thread, train  # noqa: F401 (one_thread: autouse)
-from rlx.hookspecs import hookimpl
+from e2e import KillAfter, Killed, config, metrics, one_thread, train  # noqa: F401 (one_thread: autouse)
 
 N = 3
 # what must match row for row (timings and throughput naturally differ)
 COMPARED = ("step", "loss", "grad_norm", "lr", "epoch", "eval/loss")
-
-
-class Killed(Exception):
-    pass
-
-
-class KillAfter:
-    """A plugin that stops the run like a kill would: after step ``step`` is logged."""
-
-    def __init__(self, step: int):
-        self.step = step
-
-    @hookimpl
-    def on_step_end(self, step, metrics):
-        if step == self.step:
-            raise Killed(f"killed after step {step}")
 
 
 def _weights(path):
