@@ -151,6 +151,8 @@ def rlx_grpo(args: list[str], out: Path, steps: int) -> dict:
     step = [r["time/rollout"] + r["time/train"] + r["time/sync"] for r in rows]
     return {"step_s": step, "rollout_s": [r["time/rollout"] for r in rows], "train_s": [r["time/train"] for r in rows],
             "logprobs_s": [r.get("time/logprobs") for r in rows],
+            "peak_reserved_gib": [r.get("memory/peak_reserved_gib") for r in rows],
+            "peak_allocated_gib": [r.get("memory/peak_allocated_gib") for r in rows],
             "median_step_s": statistics.median(step[1:]), **memory.summary()}
 
 

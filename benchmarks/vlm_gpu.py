@@ -7,7 +7,10 @@ of ``rlx train --algo grpo`` on the shapes task.
 ``--shape 3b`` is Qwen2.5-VL-3B's shape (36 layers of hidden 2048, a 32-block vision tower,
 the real vocabulary) in bfloat16 on the GPU; ``tiny`` the tests' model on the CPU, to check
 the script. Every completion runs the full ``--new-tokens`` (EOS is never sampled by a
-random model in practice; the count is reported). Prints one JSON object.
+random model in practice; the count is reported). It also serves the images over HTTP on
+127.0.0.1 and encodes the prompts again from those URLs, which go through qwen-vl-utils
+(installed where torchvision works), and reports whether the tensors equal the ones read
+from the files. Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -85,11 +88,50 @@ def rollout_speeds(model_path: str, data: Path, device: str, prompts: int, sampl
             "generate_tokens_per_s": hf_tokens / hf_s, "generate_tokens": hf_tokens, "generate_s": hf_s}
 
 
+def url_images(model_path: str, data: Path, device: str, prompts: int) -> dict:
+    """The first prompts encoded from http:// URLs (fetched by qwen-vl-utils) against the same
+    prompts read from files: their ids and image tensors should be equal."""
+    import functools
+    import http.server
+    import threading
+
+    import torch
+
+    from rlx import models, multimodal
+    from rlx.config import resolve
+    from rlx.plugins import get_host
+
+    host = get_host()
+    config = resolve(host.algorithms.get("grpo"), {"model": {"path": model_path}, "training": {"device": device},
+                                                    "data": {"path": str(data), "chat_template": "none"}})
+    vision = multimodal.vision_data(config, host, models.load_tokenizer(model_path)).reading(str(data))
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    handler = functools.partial(Quiet, directory=str(data.parent))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        rows = [json.loads(line) for line in data.read_text().splitlines()[:prompts]]
+        url = f"http://127.0.0.1:{server.server_address[1]}/"
+        equal = 0
+        for row in rows:
+            local = vision.encode_prompt(row)
+            fetched = vision.encode_prompt({**row, "images": [url + name for name in row["images"]]})
+            same_ids = local["prompt_ids"] == fetched["prompt_ids"]
+            a, b = local["inputs"].tensors, fetched["inputs"].tensors
+            equal += same_ids and a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    finally:
+        server.shutdown()
+    return {"url_prompts": len(rows), "url_prompts_equal_to_files": equal}
+
+
 def step_times(model_path: str, data: Path, out: Path, device: str, prompts: int, samples: int, new_tokens: int,
                steps: int) -> list[float]:
     """Seconds per GRPO step of ``rlx train`` (the first, warm-up, left out)."""
     settings = {"data.chat_template": "none", "training.device": device, "training.max_steps": steps,
-                "training.batch_size": prompts * samples, "training.micro_batch_size": 8,
+                "training.batch_size": prompts * samples, "training.micro_batch_size": min(8, prompts * samples),
                 "rollout.max_new_tokens": new_tokens, "algorithm.rollout_batch_size": prompts,
                 "algorithm.n_samples": samples, "data.eval_size": 0, "logging.progress": False,
                 "logging.tensorboard": False, "checkpoint.save_final": False}
@@ -119,6 +161,10 @@ def main() -> None:
         data = write_dataset(tmp / "shapes", max(64, args.prompts), size=112)["prompts"]
         result = {"shape": args.shape, "prompts": args.prompts, "samples": args.samples, "new_tokens": args.new_tokens}
         result.update(rollout_speeds(model, data, shape["device"], args.prompts, args.samples, args.new_tokens))
+        try:
+            result.update(url_images(model, data, shape["device"], 8))
+        except Exception as e:  # qwen-vl-utils or torchvision missing: say so, time the rest
+            result["url_error"] = f"{type(e).__name__}: {e}"
         times = step_times(model, data, tmp / "run", shape["device"], args.prompts, args.samples, args.new_tokens,
                            args.steps)
         result.update(grpo_step_s=statistics.median(times), grpo_step_s_all=times)

@@ -122,6 +122,12 @@ class NativeEngine(RolloutEngine):
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
+    def wake(self) -> None:
+        """Hand the blocks the update cached back to the device: the KV cache and the graphs'
+        private pool cannot reuse them, so kept they would stack on the rollout's peak."""
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
     def update_weights(self, weights: torch.nn.Module | Mapping[str, torch.Tensor]) -> None:
         if weights is self.model:
             return

@@ -61,7 +61,13 @@ class PolicyWorker:
             for k, v in self._micro_step(batch.select(index), beta, token_count, agg).items():
                 v = v.detach().float()
                 totals[k] = v if k not in totals else (torch.maximum if k.endswith("_max") else torch.add)(totals[k], v)
-        return {k: v.item() for k, v in totals.items()}, self.engine.step()
+        update = self.engine.step()
+        device = next(self.engine.model.parameters()).device
+        if device.type == "cuda":  # the peaks since the last update: this rank's rollout, if it makes one, and the update
+            update["memory/peak_allocated_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+            update["memory/peak_reserved_gib"] = torch.cuda.max_memory_reserved(device) / 2**30
+            torch.cuda.reset_peak_memory_stats(device)
+        return {k: v.item() for k, v in totals.items()}, update
 
     def _micro_step(self, micro: Batch, beta: float, tokens: float, agg: dict) -> dict[str, torch.Tensor]:
         a, engine, mask = self.a, self.engine, micro.action_mask
