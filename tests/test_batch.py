@@ -13,6 +13,7 @@ def make(n=5, prompt=3, response=4):
     return Batch(input_ids=ids, attention_mask=torch.ones_like(ids), position_ids=ids.clone(),
                  action_mask=torch.ones(n, response), prompt_len=prompt, rewards=torch.arange(n).float(),
                  group_ids=torch.tensor([0, 0, 1, 1, 2][:n]), old_logp=-torch.rand(n, response),
+                 policy_version=torch.arange(n), token_versions=torch.arange(n)[:, None] + torch.arange(response),
                  extra={"pixel_values": torch.randn(n, 2, 2)})
 
 
@@ -21,7 +22,7 @@ def test_split_then_concat_gives_the_batch_back():
     parts = batch.split(2)
     assert [len(p) for p in parts] == [2, 3] or [len(p) for p in parts] == [3, 2]
     whole = Batch.concat(parts)
-    for name in ("input_ids", "rewards", "group_ids", "old_logp"):
+    for name in ("input_ids", "rewards", "group_ids", "old_logp", "policy_version", "token_versions"):
         assert torch.equal(getattr(whole, name), getattr(batch, name)), name
     assert torch.equal(whole.extra["pixel_values"], batch.extra["pixel_values"])
     assert whole.ref_logp is None and whole.prompt_len == 3
@@ -33,6 +34,8 @@ def test_select_takes_every_per_sample_field():
     assert picked.rewards.tolist() == [4.0, 0.0]
     assert torch.equal(picked.extra["pixel_values"][0], batch.extra["pixel_values"][4])
     assert torch.equal(picked.responses, batch.input_ids[[4, 0], 3:])
+    # a partial rollout's tokens keep the versions that sampled them
+    assert picked.token_versions.tolist() == [[4, 5, 6, 7], [0, 1, 2, 3]] and picked.policy_version.tolist() == [4, 0]
 
 
 def test_bad_splits_and_concats_are_refused():

@@ -72,6 +72,18 @@ def test_overlapped_rollouts_under_ray_give_the_local_metrics(demo_policy, tmp_p
     assert_same(runs["ray"], runs["local"])
 
 
+def test_partial_rollouts_run_under_ray(demo_policy, tmp_path):
+    # the driver's thread makes the rollout in segments on the rollout actor; between two, the
+    # actor loads the weights of an update the policy actor has finished (when one has)
+    partial = ["--set", "rollout.overlap=true", "--set", "rollout.partial_tokens=2", "--set",
+               "algorithm.off_policy_correction=tis", "--max-steps", "3"]
+    result = rlx("train", "--algo", "grpo", "--launcher", "ray", "--output", str(tmp_path / "ray"), *SETTINGS, *partial)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = [r for r in metrics(tmp_path / "ray") if "reward/mean" in r]
+    assert len(rows) == 3 and rows[0]["rollout/staleness_max"] == 0
+    assert all(0 <= r["rollout/staleness"] <= r["rollout/staleness_max"] <= 1 for r in rows)
+
+
 PLUGIN = '''
 from rlx import hookimpl
 

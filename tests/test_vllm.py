@@ -29,6 +29,7 @@ def test_the_engine_computes_what_the_trainer_weights_compute(tiny_model_dir):
     assert out["samples"] == 12 and out["prompt_order"] == [0] * 4 + [1] * 4 + [2] * 4
     assert out["same_seed_same_tokens"] and out["prompt_alone_same"] and out["greedy_copies"]
     assert out["caller_seed_kept"] and out["caller_rng_kept"]
+    assert out["segments_same"] and out["segments_gap"] < 1e-5 and out["segments_longest"] > 3
     # after a sync the engine computes the new weights, not the old
     assert out["gap_after_sync"] < 1e-5 and out["gap_to_old_after_sync"] > 0.1
     assert "no tensors named ['module.lm_head.weight']" in out["refused"][0]

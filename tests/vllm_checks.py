@@ -35,6 +35,7 @@ def main(path: str) -> None:
     from rlx import models
     from rlx.engines.vllm import VLLMEngine
     from rlx.errors import RunError
+    from rlx.partial import generate_in_segments
     from rlx.rollout import SamplingParams
 
     out = {}
@@ -57,6 +58,12 @@ def main(path: str) -> None:
     greedy = engine.generate(prompts, SamplingParams(n=2, greedy=True, max_new_tokens=10))
     out["greedy_copies"] = len(greedy) == 6 and greedy[0].token_ids == greedy[1].token_ids
     out["greedy_gap"] = gap(hf, prompts, greedy, 1.0)
+    # partial rollouts: in segments of 3 tokens, each continued from its token ids, the same answer
+    parts = generate_in_segments(engine.generate, prompts, SamplingParams(n=2, greedy=True, max_new_tokens=10), 3,
+                                 lambda: 0, models.load_tokenizer(path))
+    out["segments_same"] = [c.token_ids for c in parts] == [c.token_ids for c in greedy]
+    out["segments_gap"] = gap(hf, prompts, parts, 1.0)
+    out["segments_longest"] = max(len(c.token_ids) for c in parts)
 
     # a sync: new weights, and the engine computes what they compute
     old = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)

@@ -5,9 +5,15 @@ trains on step k's, so the engine and the trainer work at the same time. The pri
 staleness: a sample is made by the weights of an earlier update. ``max_staleness``
 bounds it: before a rollout starts, the engine takes the policy's weights whenever its
 own would be more than that many updates older than the policy that will train on the
-rollout. Weights move only between two rollouts, never during one, so each sample has
-one policy version; the update corrects for the lag with the engine's log-probs
+rollout. The update corrects for the lag with the engine's log-probs
 (``algorithm.off_policy_correction``).
+
+Weights move between two rollouts, and with partial rollouts (``rollout.partial_tokens``,
+``rlx.partial``) also between two segments of one: once the policy has finished an update
+(``publish``), the rollout in flight loads those weights at its next segment boundary and
+its unfinished responses go on under them. Each token then records its own policy version.
+The policy's weights are read only while it rests, from ``publish`` until the next
+``take``, which waits for the rollout anyway.
 
 Without overlap (``max_staleness`` 0) a rollout runs when it is taken, with the current
 weights: the synchronous loop.
@@ -24,7 +30,7 @@ from rlx.rollout import Completion
 
 
 class RolloutsAhead:
-    """``take(step)`` gives step ``step``'s rollout and the policy version that made it.
+    """``take(step)`` gives step ``step``'s rollout and the policy version it started with.
 
     ``make(step)`` generates and scores a step's rollout; ``sync()`` copies the policy's
     weights into the engine; ``steps`` is the run's last step (none is made beyond it);
@@ -40,14 +46,16 @@ class RolloutsAhead:
         self.engine_version = version
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="rlx-rollout") if max_staleness else None
         self.pending: tuple[int, int, Future] | None = None  # (step, engine version, its rollout)
+        self.offered: int | None = None  # the policy's version while it rests, else None
         if pending is not None:
             done: Future = Future()
             done.set_result((self._from_json(pending["rollout"]), pending["seconds"]))
             self.pending = (pending["step"], pending["version"], done)
 
     def take(self, step: int) -> tuple[Any, int, float]:
-        """The rollout of ``step`` (the policy has made ``step`` updates), the version that
-        made it and the seconds its generation took; with overlap, step+1's is started."""
+        """The rollout of ``step`` (the policy has made ``step`` updates), the version it
+        started with (a partial rollout's later tokens may be newer) and the seconds its
+        generation took; with overlap, step+1's is started."""
         if self.pending is None:
             self._start(step, policy_version=step)
         started, version, future = self.pending
@@ -55,6 +63,7 @@ class RolloutsAhead:
             raise RuntimeError(f"rollout of step {started} is pending, but step {step} asked for one")
         rollout, seconds = future.result()
         self.pending = None
+        self.offered = None  # the policy trains next: its weights are in flux
         if self.pool is not None and step + 1 < self.steps:
             self._start(step + 1, policy_version=step)
         return rollout, version, seconds
@@ -77,6 +86,20 @@ class RolloutsAhead:
             future = self.pool.submit(timed)
         self.pending = (step, self.engine_version, future)
 
+    def publish(self, version: int) -> None:
+        """The policy has made ``version`` updates and rests until the next ``take``: the
+        rollout in flight may load its weights at a segment boundary."""
+        self.offered = version
+
+    def boundary(self) -> int:
+        """Before each segment of a partial rollout: the resting policy's newer weights go
+        into the engine; returns the version the engine holds."""
+        offered = self.offered  # read once: take() clears it only while no rollout runs
+        if offered is not None and offered > self.engine_version:
+            self.sync()
+            self.engine_version = offered
+        return self.engine_version
+
     def synced(self, policy_version: int) -> None:
         """The engine now holds the policy's weights of ``policy_version``."""
         self.engine_version = policy_version
@@ -87,8 +110,8 @@ class RolloutsAhead:
             self.pending[2].result()
 
     def state(self) -> dict | None:
-        """The rollout in flight, finished, as JSON for a checkpoint: a resumed run trains
-        on the same samples as one that went on."""
+        """The rollout in flight, finished, as JSON for a checkpoint (each token's policy
+        version with it): a resumed run trains on the same samples as one that went on."""
         if self.pending is None:
             return None
         step, version, future = self.pending

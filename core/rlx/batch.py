@@ -37,7 +37,8 @@ class Batch:
     values: torch.Tensor | None = None  # [B, R] the critic's
     advantages: torch.Tensor | None = None  # [B, R]
     returns: torch.Tensor | None = None  # [B, R]
-    policy_version: torch.Tensor | None = None  # [B] the policy version that generated each sample
+    policy_version: torch.Tensor | None = None  # [B] the policy version of each sample's oldest token
+    token_versions: torch.Tensor | None = None  # [B, R] the policy version that sampled each response token
     extra: dict[str, torch.Tensor] = field(default_factory=dict)  # model inputs beyond token ids
     extra_rows: dict[str, torch.Tensor] = field(default_factory=dict)  # [B] rows of each ragged extra per sample
 

@@ -140,8 +140,11 @@ class RolloutConfig:
                              "on CPUs), the native engine's KV cache and CUDA graphs")
     overlap: bool = opt(False, "generate the next step's rollout while the policy trains on this one's (needs "
                                "algorithm.off_policy_correction: samples come from an earlier policy)")
-    max_staleness: int = opt(1, "with overlap: the most policy updates a sample's weights may lag behind the "
-                                "policy that trains on it")
+    max_staleness: int = opt(1, "with overlap: the most policy updates a sample's weights (its oldest token's) "
+                                "may lag behind the policy that trains on it")
+    partial_tokens: int = opt(0, "with overlap: generate in segments of this many new tokens; between two, the "
+                                 "engine takes the weights of a finished update and unfinished responses go on "
+                                 "under them (partial rollouts; 0: off)")
 
 
 @dataclass
@@ -493,6 +496,13 @@ def validate(config: RunConfig) -> None:
         if not getattr(config.algorithm, "off_policy_correction", "x"):
             raise ConfigError("rollout.overlap trains on samples of an earlier policy: choose how the update "
                               "corrects for it, e.g. algorithm.off_policy_correction=tis (or icepop, seq_mask_tis)")
+    if r.partial_tokens < 0:
+        raise ConfigError("rollout.partial_tokens must be 0 (off) or positive")
+    if r.partial_tokens and not r.overlap:
+        raise ConfigError("rollout.partial_tokens needs rollout.overlap: without it no weights arrive during a rollout")
+    if r.partial_tokens and config.environment.name:
+        raise ConfigError(f"rollout.partial_tokens does not work with environment {config.environment.name!r}: "
+                          f"an episode's turns are generated one call each; set it to 0")
     if config.launcher.colocate:
         from rlx.launch.placement import parse_colocate
 

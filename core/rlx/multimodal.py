@@ -461,6 +461,9 @@ def check_supported(config, spec, engine: str | None = None) -> None:
         problems.append("rollout.engine=vllm does not receive images from rlx yet; use the native engine")
     if spec.loop == "online" and config.environment.name:
         problems.append(f"environment {config.environment.name!r}: multi-turn episodes take no images yet")
+    if spec.loop == "online" and config.rollout.partial_tokens:
+        problems.append("rollout.partial_tokens: a response continued from its tokens so far takes no images yet; "
+                        "set it to 0")
     if problems:
         raise ConfigError(f"model {config.model.path!r} is a vision-language model: " + "; ".join(problems))
 

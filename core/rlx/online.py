@@ -39,6 +39,7 @@ from rlx.config import RunConfig
 from rlx.errors import RunError
 from rlx.launch import make_launcher
 from rlx.metrics import RunLogger, add_shares, pick_samples
+from rlx.partial import generate_in_segments
 from rlx.rollout import SamplingParams
 from rlx.workers.critic import CriticWorker
 from rlx.workers.forward import minibatches
@@ -87,6 +88,17 @@ def batch_of_completions(prompt_ids: list[list[int]], completions: list, pad_id:
         extra=extra,
         extra_rows=extra_rows,
     )
+
+
+def token_versions(completions: list, made_by: int, width: int) -> torch.Tensor:
+    """[B, R] the policy version that sampled each response token: a completion's own
+    record (a partial rollout's), else ``made_by`` throughout; the padding repeats a
+    sample's last version."""
+    rows = []
+    for c in completions:
+        versions = list(c.versions) if c.versions is not None else [made_by] * len(c.token_ids)
+        rows.append(versions + [versions[-1] if versions else made_by] * (width - len(versions)))
+    return torch.tensor(rows)
 
 
 class AdaptiveKL:
@@ -302,9 +314,17 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
         if resume:
             step = resume_latest(checkpoints, restore, log)
 
+        made_in = sample
+        if r.partial_tokens:  # in segments, so that the weights of an update finished meanwhile come in between
+            segmented = partial(generate_in_segments, generate, segment=r.partial_tokens,
+                                version=lambda: ahead.boundary(), tokenizer=tokenizer)
+
+            def made_in(prompts, params):
+                return generate_scored(prompts, segmented, params, score)
+
         def make_rollout(k: int):
             sampling = dataclasses.replace(params, seed=t.seed * 1_000_003 + k)
-            return rollout(stream, sample, sampling, sampler, a.rollout_batch_size)
+            return rollout(stream, made_in, sampling, sampler, a.rollout_batch_size)
 
         ahead = RolloutsAhead(make_rollout, partial(launcher.sync_weights, policy, rollout_group),
                               r.max_staleness if r.overlap else 0, total, prompts, version=step, pending=pending)
@@ -344,7 +364,9 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
             batch = batch_of_completions(prompt_ids, completions, tokenizer.pad_token_id, rewards, group_ids, device,
                                          [p["inputs"] for p in batch_prompts for _ in range(a.n_samples)]
                                          if vision is not None else None)
-            batch.policy_version = torch.full((len(batch),), made_by)
+            batch.token_versions = token_versions(completions, made_by, batch.action_mask.shape[1]).to(device)
+            batch.policy_version = batch.token_versions.min(-1).values
+            staleness = (step - batch.token_versions).masked_fill(batch.action_mask == 0, 0)
             if a.off_policy_correction and batch.rollout_logp is None:
                 raise RunError(f"algorithm.off_policy_correction={a.off_policy_correction!r} needs the rollout "
                                f"engine's log-probs, and engine {engine_name!r} returns none")
@@ -382,7 +404,9 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
             started = time.perf_counter()
             if r.sleep:
                 rollout_group.wait("wake")
-            if not r.overlap:  # an overlapped engine is busy: it takes the weights between rollouts
+            if r.overlap:  # an overlapped engine is busy: it takes the weights between rollouts (or segments)
+                ahead.publish(step + 1)
+            else:
                 launcher.sync_weights(policy, rollout_group)
                 ahead.synced(step + 1)
             sync_time = time.perf_counter() - started
@@ -402,7 +426,8 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
                 "response_length/mean": lengths.mean().item(),
                 "time/rollout": rollout_time,
                 "time/rollout_wait": rollout_wait,
-                "rollout/staleness": step - 1 - made_by,
+                "rollout/staleness": ops.masked_mean(staleness.float(), batch.action_mask).item(),
+                "rollout/staleness_max": staleness.max().item(),
                 "time/train": train_time,
                 "time/logprobs": logprobs_time,
                 "time/sync": sync_time,

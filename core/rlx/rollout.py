@@ -47,6 +47,8 @@ class Completion:
     ``logprobs[k]`` is the log-prob of ``token_ids[k]`` under softmax(logits / T).
     ``text`` is the decoded completion without special tokens. ``finish_reason`` is
     ``"stop"`` (EOS or a stop string) or ``"length"`` (``max_new_tokens`` reached).
+    ``versions[k]`` is the policy version whose weights sampled ``token_ids[k]``, when a
+    rollout made in segments records it (``rlx.partial``); engines leave it None.
     """
 
     prompt_index: int
@@ -54,6 +56,7 @@ class Completion:
     logprobs: list[float]
     text: str
     finish_reason: Literal["stop", "length"]
+    versions: list[int] | None = None
 
 
 @runtime_checkable
