@@ -62,6 +62,7 @@ class _Conversation:
     """One episode's state while its agent plays; ``trajectories`` are runs of calls each
     continuing the one before (one run unless the agent rewrote its history)."""
 
+    index: int  # the episode's place in the rollout
     row: dict
     url: str = ""
     trajectories: list[list[_Call]] = field(default_factory=list)
@@ -100,9 +101,9 @@ class _Rollout:
 
     def run(self, agent: Callable, name: str):
         self.endpoint = ChatEndpoint()
-        for row in self.rows:
+        for i, row in enumerate(self.rows):
             key = secrets.token_hex(8)
-            self.conversations[key] = _Conversation(row, self.endpoint.open(key))
+            self.conversations[key] = _Conversation(i, row, self.endpoint.open(key))
         players = threading.Thread(target=self._play_all, args=(agent,), name="rlx-agents", daemon=True)
         players.start()
         try:
@@ -122,7 +123,7 @@ class _Rollout:
             if c.failure:
                 raise RunError(f"agent {name!r} failed on the episode of prompt {c.row['prompt_text'][:80]!r}: "
                                f"{c.failure}")
-        episodes = [self._episode(c, i // self.n) for i, c in enumerate(self.conversations.values())]
+        episodes = [self._episode(c, c.index // self.n) for c in self.conversations.values()]
         rewards = [sum(e.turn_rewards) for e in episodes]
         count = len(episodes)
         metrics = {"reward/agent": sum(rewards) / count,
@@ -156,11 +157,11 @@ class _Rollout:
             done, _ = await asyncio.wait({task}, timeout=self.settings.timeout)
             if not done:
                 task.cancel()
-                c.failure = f"it took longer than agent.timeout={self.settings.timeout:g} s"
+                c.failure = c.failure or f"it took longer than agent.timeout={self.settings.timeout:g} s"
             else:
                 c.result = _turn_rewards(task.result())
-        except Exception as e:
-            c.failure = f"{type(e).__name__}: {e}"
+        except Exception as e:  # a refused call comes first: it is what the agent's error follows from
+            c.failure = c.failure or (str(e) if isinstance(e, _Raised) else f"{type(e).__name__}: {e}")
         finally:
             c.finished = True
             self.endpoint.calls.put(None)
@@ -201,9 +202,10 @@ class _Rollout:
     # -- calls
 
     def _answer(self, calls: list[ChatCall]) -> None:
-        """Generate the replies of ``calls``, one engine call per distinct sampling setting."""
+        """Generate the replies of ``calls``, one engine call per distinct sampling setting, in
+        the episodes' order (not the calls' arrival), so that a seeded rollout draws alike."""
         groups: dict[tuple, list] = {}
-        for call in calls:
+        for call in sorted(calls, key=lambda call: self.conversations[call.key].index):
             c = self.conversations[call.key]
             try:
                 job = self._prepare(c, call)
@@ -341,20 +343,25 @@ def _is_async(agent: Callable) -> bool:
     return inspect.iscoroutinefunction(agent) or inspect.iscoroutinefunction(getattr(agent, "__call__", None))
 
 
+class _Raised(Exception):
+    """What an agent run in a thread raised, as text: the exception itself, with its frames
+    of another thread, stays in that thread."""
+
+
 def _in_thread(fn: Callable, row: dict, url: str, options: dict) -> asyncio.Future:
     """``fn(row, url, **options)`` in a daemon thread, as a future of the running loop."""
     loop = asyncio.get_running_loop()
     future = loop.create_future()
 
-    def settle(value, error) -> None:
+    def settle(value, error: str | None) -> None:
         if not future.done():
-            future.set_exception(error) if error is not None else future.set_result(value)
+            future.set_exception(_Raised(error)) if error is not None else future.set_result(value)
 
     def run() -> None:
         try:
             value, error = fn(row, url, **options), None
         except BaseException as e:  # noqa: BLE001 (handed to the loop, which reports it)
-            value, error = None, e
+            value, error = None, f"{type(e).__name__}: {e}"
         try:
             loop.call_soon_threadsafe(settle, value, error)
         except RuntimeError:  # the rollout ended (a failure elsewhere) and its loop closed
@@ -376,8 +383,6 @@ def agent_sampler(config, host, generate, tokenizer):
     template = data.resolve_template(tokenizer, config.data.chat_template)
 
     def sample(prompts, params):
-        if "inputs" in prompts[0]:
-            raise RunError(f"agent {g.name!r}: agents talk to the model in text; prompts with images are not supported")
         episodes, rewards, metrics = play(prompts, generate, params, agent, tokenizer, g, name=g.name,
                                           template=template, temperature=config.rollout.temperature,
                                           max_prompt_length=config.data.max_prompt_length)

@@ -149,7 +149,9 @@ class ChatEndpoint:
         self._server = ThreadingHTTPServer((host, 0), self._handler())
         self._server.block_on_close = False  # a client that keeps its connection must not hold up close
         self.url = f"http://{host}:{self._server.server_address[1]}"
-        self._thread = threading.Thread(target=self._server.serve_forever, name="rlx-chat-endpoint", daemon=True)
+        # a short poll: closing waits for it, once per rollout
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name="rlx-chat-endpoint", daemon=True)
         self._thread.start()
 
     def open(self, key: str) -> str:

@@ -461,6 +461,8 @@ def check_supported(config, spec, engine: str | None = None) -> None:
         problems.append("rollout.engine=vllm does not receive images from rlx yet; use the native engine")
     if spec.loop == "online" and config.environment.name:
         problems.append(f"environment {config.environment.name!r}: multi-turn episodes take no images yet")
+    if spec.loop == "online" and config.agent.name:
+        problems.append(f"agent {config.agent.name!r}: agents talk to the model in text and take no images yet")
     if problems:
         raise ConfigError(f"model {config.model.path!r} is a vision-language model: " + "; ".join(problems))
 
