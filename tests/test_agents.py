@@ -249,3 +249,21 @@ def test_a_failing_agent_stops_the_run_naming_it_and_the_prompt(engine, agent, s
              settings(timeout=0.5, batch_wait=0.01), name="demo")
     assert says in str(error.value)
     assert time.monotonic() - started < 10  # never waits on the agents still playing
+
+
+def test_the_openai_client_talks_to_the_endpoint(engine):
+    openai = pytest.importorskip("openai")  # not a dependency of rlx: checked when it is installed
+    engine, tokenizer = engine
+
+    async def agent(row, base_url):
+        client = openai.AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0)
+        assert [m.id for m in (await client.models.list()).data] == ["policy"]
+        messages = [{"role": "user", "content": row["prompt"]}]
+        first = await client.chat.completions.create(model="policy", messages=messages, max_tokens=3)
+        messages += [first.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "?"}]
+        second = await client.chat.completions.create(model="policy", messages=messages, max_tokens=3)
+        return [0.0, float(second.choices[0].finish_reason in ("stop", "length"))]
+
+    episodes, rewards, _ = play(prompts(tokenizer)[:1], engine.generate, SamplingParams(n=1, max_new_tokens=4, seed=0),
+                                agent, tokenizer, settings(), template=CHAT_TEMPLATE)
+    assert rewards == [1.0] and episodes[0].turns == 2 and 0 in episodes[0].action_mask
