@@ -229,6 +229,15 @@ def slow(row, base_url):
     time.sleep(30)
 
 
+def second_fails(row, base_url):
+    """The first row's episode waits before calling; the second row's raises."""
+    if row["prompt"] == "12+3=":
+        time.sleep(2)
+        chat(base_url, [{"role": "user", "content": row["prompt"]}])
+        return 1.0
+    raise ValueError("the second row broke")
+
+
 def too_hot(row, base_url):
     chat(base_url, [{"role": "user", "content": row["prompt"]}], temperature=0.7)
     return 1.0
@@ -239,6 +248,7 @@ def too_hot(row, base_url):
     (no_reward, "it returned None; an agent returns its reward"),
     (no_call, "made no call to the model"),
     (slow, "it took longer than agent.timeout=0.5 s"),
+    (second_fails, "on the episode of prompt '7-5=': ValueError: the second row broke"),
     (too_hot, "refused call 1: temperature 0.7: this endpoint samples at rollout.temperature=1"),
 ])
 def test_a_failing_agent_stops_the_run_naming_it_and_the_prompt(engine, agent, says):

@@ -117,19 +117,23 @@ class _Rollout:
                     pass
             self.endpoint.close()
             players.join(timeout=10)
-        for c in self.conversations.values():
-            if not c.failure and not c.trajectories:
-                c.failure = f"made no call to the model at {c.url}: there is nothing to train on"
-            if c.failure:
-                raise RunError(f"agent {name!r} failed on the episode of prompt {c.row['prompt_text'][:80]!r}: "
-                               f"{c.failure}")
-        episodes = [self._episode(c, c.index // self.n) for c in self.conversations.values()]
+        played = list(self.conversations.values())
+        # a failure first: when one stops the rollout, other episodes may not have called yet
+        failed = next((c for c in played if c.failure), None)
+        if failed is None:
+            failed = next((c for c in played if not c.trajectories), None)
+            if failed is not None:
+                failed.failure = f"made no call to the model at {failed.url}: there is nothing to train on"
+        if failed is not None:
+            raise RunError(f"agent {name!r} failed on the episode of prompt {failed.row['prompt_text'][:80]!r}: "
+                           f"{failed.failure}")
+        episodes = [self._episode(c, c.index // self.n) for c in played]
         rewards = [sum(e.turn_rewards) for e in episodes]
         count = len(episodes)
         metrics = {"reward/agent": sum(rewards) / count,
-                   "agent/calls": sum(c.calls for c in self.conversations.values()) / count,
+                   "agent/calls": sum(c.calls for c in played) / count,
                    "agent/truncated": sum(e.finish_reason == "length" for e in episodes) / count,
-                   "agent/rewritten": sum(len(c.trajectories) > 1 for c in self.conversations.values()) / count}
+                   "agent/rewritten": sum(len(c.trajectories) > 1 for c in played) / count}
         return episodes, rewards, metrics
 
     def _play_all(self, agent: Callable) -> None:
