@@ -176,6 +176,20 @@ class EnvironmentConfig:
 
 
 @dataclass
+class AgentConfig:
+    name: str = opt("", "registered agent that talks to the policy through an OpenAI-compatible chat endpoint "
+                        "(e.g. calculator); empty: none")
+    options: dict[str, Any] = opt({}, "keyword arguments passed to the agent")
+    max_calls: int = opt(8, "model calls of an episode; later calls get an empty reply with finish_reason length")
+    max_length: int = opt(256, "longest response of an episode in tokens, what the agent adds included")
+    timeout: float = opt(300.0, "seconds an episode may take before the run stops, naming the agent and prompt")
+    rewrites: Literal["error", "last"] = opt("error", "a call that does not continue the previous call's "
+                                                       "conversation: error stops the run; last trains on the "
+                                                       "calls from the last such call on")
+    batch_wait: float = opt(0.05, "seconds a model call waits for other episodes' calls to share its batch")
+
+
+@dataclass
 class LauncherConfig:
     name: Literal["local", "ray"] = opt("local", "where the roles run: local (this process, one device) or ray")
     ray_address: str = opt("", "join this Ray cluster (started with `ray start --head`); empty: start one here")
@@ -198,6 +212,7 @@ class RunConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     environment: EnvironmentConfig = field(default_factory=EnvironmentConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     algorithm: Any = None  # the algorithm's own config class
 
@@ -487,6 +502,14 @@ def validate(config: RunConfig) -> None:
         raise ConfigError(f"rollout.num_engines={r.num_engines} needs launcher.name=ray (local runs one engine)")
     if config.environment.name and (config.environment.max_turns < 1 or config.environment.max_length < 1):
         raise ConfigError("environment.max_turns and environment.max_length must be at least 1")
+    g = config.agent
+    if g.name:
+        if config.environment.name:
+            raise ConfigError(f"agent.name ({g.name!r}) and environment.name ({config.environment.name!r}) exclude "
+                              "each other: an agent drives its own episodes")
+        if g.max_calls < 1 or g.max_length < 1 or g.timeout <= 0 or g.batch_wait < 0:
+            raise ConfigError("agent.max_calls and agent.max_length must be at least 1, agent.timeout positive and "
+                              "agent.batch_wait not negative")
     if r.overlap:
         if r.max_staleness < 1:
             raise ConfigError("rollout.max_staleness must be at least 1 with rollout.overlap")

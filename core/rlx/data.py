@@ -537,14 +537,16 @@ def encode_unpaired(row: dict, tokenizer, cfg: DataConfig) -> dict:
 
 
 def encode_prompt(row: dict, tokenizer, cfg: DataConfig) -> dict:
-    """``{"prompt_ids", "prompt_text", "label", "columns"}`` for generation.
+    """``{"prompt_ids", "prompt_text", "prompt", "label", "columns"}`` for generation.
 
-    ``prompt_text`` is the rendered prompt before truncation; ``label`` is None when
+    ``prompt_text`` is the rendered prompt before truncation, ``prompt`` the row's own
+    (a string or chat messages, for an agent to render its way); ``label`` is None when
     the row has none; ``columns`` holds the row's other keys (for reward functions).
     """
     text, ids = _prompt_ids(row[cfg.prompt_key], tokenizer, cfg)
     columns = {k: v for k, v in row.items() if k not in (cfg.prompt_key, cfg.label_key)}
-    return {"prompt_ids": ids, "prompt_text": text, "label": row.get(cfg.label_key), "columns": columns}
+    return {"prompt_ids": ids, "prompt_text": text, "prompt": row[cfg.prompt_key], "label": row.get(cfg.label_key),
+            "columns": columns}
 
 
 # ---------------------------------------------------------------------------

@@ -104,6 +104,14 @@ def register_environments(register: Register) -> None:
 
 
 @hookspec
+def register_agents(register: Register) -> None:
+    """Register agents, chosen with ``agent.name``: ``register(name, agent)``, where
+    ``agent(row, base_url, **agent.options)`` (a function, async or not) plays one episode
+    against the policy through the OpenAI-compatible chat API at ``base_url`` and returns
+    its reward, or a list of per-turn rewards (``rlx.agents``)."""
+
+
+@hookspec
 def register_loggers(register: Register) -> None:
     """Register run loggers, chosen with ``logging.loggers``: ``register(name, factory)``,
     where ``factory(output_dir, options, *, start_step) -> logger`` opens one on rank 0 for

@@ -464,6 +464,8 @@ def check_supported(config, spec, engine: str | None = None) -> None:
     if spec.loop == "online" and config.rollout.partial_tokens:
         problems.append("rollout.partial_tokens: a response continued from its tokens so far takes no images yet; "
                         "set it to 0")
+    if spec.loop == "online" and config.agent.name:
+        problems.append(f"agent {config.agent.name!r}: agents talk to the model in text and take no images yet")
     if problems:
         raise ConfigError(f"model {config.model.path!r} is a vision-language model: " + "; ".join(problems))
 

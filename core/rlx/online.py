@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from rlx import data, models, multimodal, ops
+from rlx.agents import agent_sampler
 from rlx.ahead import RolloutsAhead
 from rlx.algorithm import AlgorithmSpec, call_with_accepted
 from rlx.batch import Batch
@@ -259,6 +260,8 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
     estimator = host.get("register_advantage_estimators", spec.estimator)
     if config.environment.name:
         host.get("register_environments", config.environment.name)  # an unknown name fails before anything loads
+    if config.agent.name:
+        host.get("register_agents", config.agent.name)
     sampler = host.get("register_samplers", a.sampler)(a.sampler_options) if a.sampler else None
     engine_name = host.hook.choose_rollout_engine(config=config) or r.engine
     engine_name = "native" if engine_name == "auto" else engine_name
@@ -291,8 +294,8 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
                          **sizes(ranks.critic_ranks)) if spec.value_loss else None)
         rollout_group = launcher.place_rollout(policy, config, tokenizer, engine_name)
         generate, score = partial(generate_balanced, rollout_group), partial(reward.wait, "score")
-        sample = environment_sampler(config, host, generate, tokenizer) or (
-            lambda prompts, params: generate_scored(prompts, generate, params, score))
+        sample = environment_sampler(config, host, generate, tokenizer) or agent_sampler(
+            config, host, generate, tokenizer) or (lambda prompts, params: generate_scored(prompts, generate, params, score))
         if a.off_policy_correction:
             host.get("register_off_policy_corrections", a.off_policy_correction)  # an unknown name fails now
 
@@ -359,7 +362,9 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
             rollout_wait = time.perf_counter() - started
             if r.sleep:
                 rollout_group.wait("sleep")  # the engines' memory goes to training until the sync
-            prompt_ids = [p["prompt_ids"] for p in batch_prompts for _ in range(a.n_samples)]
+            # an agent's episode starts from the prompt its agent wrote
+            prompt_ids = [getattr(c, "prompt_ids", None) or p["prompt_ids"]
+                          for p, c in zip((p for p in batch_prompts for _ in range(a.n_samples)), completions)]
             group_ids = [i for i in range(len(batch_prompts)) for _ in range(a.n_samples)]
             batch = batch_of_completions(prompt_ids, completions, tokenizer.pad_token_id, rewards, group_ids, device,
                                          [p["inputs"] for p in batch_prompts for _ in range(a.n_samples)]

@@ -44,6 +44,7 @@ REGISTRIES = {
     "register_vlm_processors": "VLM processor",
     "register_tasks": "task",
     "register_environments": "environment",
+    "register_agents": "agent",
     "register_loggers": "logger",
 }
 

@@ -46,3 +46,49 @@ def test_grpo_in_the_environment_raises_reward(tmp_path):  # on the demo policy,
                if "reward/mean" in line]
     # over seeds 1-3 the last four steps gained 0.10 to 0.17 on the first four
     assert sum(rewards[-4:]) / 4 > sum(rewards[:4]) / 4 + 0.05, rewards
+
+
+def test_the_agent_calls_the_calculator_and_scores_its_answer():
+    from rlx_env_calculator.agent import solve
+
+    replies = iter(["<calc>12*(3+4)</calc>", "84\n"])
+    sent = []
+
+    def chat(base_url, messages, **request):
+        sent.append([dict(m) for m in messages])
+        return next(replies)
+
+    import rlx_env_calculator.agent as agent
+
+    original, agent.chat = agent.chat, chat
+    try:
+        assert solve({"prompt": "12*7=", "label": "84"}, "http://x/v1", tool_cost=0.25) == 0.75
+    finally:
+        agent.chat = original
+    assert sent[1][1:] == [{"role": "assistant", "content": "<calc>12*(3+4)</calc>"},
+                           {"role": "user", "content": "<result>84</result>"}]
+
+
+def test_rlx_train_grpo_with_the_calculator_agent(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from rlx.tiny import builtin_model
+
+    builtin_model("builtin:tiny-arithmetic")  # the demo policy, made once in the tests' cache
+
+    settings = {"agent.name": "calculator", "agent.options.max_calls": "2", "training.max_steps": "2",
+                "algorithm.rollout_batch_size": "4", "algorithm.n_samples": "4", "training.batch_size": "8",
+                "training.micro_batch_size": "8", "algorithm.eval_size": "8", "data.builtin_size": "96",
+                "logging.progress": "false", "logging.tensorboard": "false", "checkpoint.save_final": "false"}
+    args = [a for key, value in settings.items() for a in ("--set", f"{key}={value}")]
+    done = subprocess.run([sys.executable, "-m", "rlx_cli", "train", "--algo", "grpo", "--output", str(tmp_path / "run"),
+                           *args], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr
+    steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()][1:]
+    assert [s["step"] for s in steps] == [1, 2]
+    for s in steps:
+        assert s["reward/agent"] == s["reward/mean"] and 1 <= s["agent/calls"] <= 2
+        assert s["rollout/logp_diff_max"] < 1e-4  # the trainer scores the tokens the engine sampled, as sampled

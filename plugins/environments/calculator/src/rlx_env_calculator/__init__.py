@@ -9,6 +9,9 @@ with time and memory limits), so a call that would hang or exhaust memory reads 
 error instead of stalling the run.
 
     rlx train --algo grpo --set environment.name=calculator --set environment.max_turns=3
+
+The same task is also registered as an agent (``agent.name=calculator``, ``agent.py``): an
+agent loop of its own that talks to the policy through rlx's OpenAI-compatible chat API.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import re
 
 from rlx import hookimpl
 from rlx.tasks import exact_match
+from rlx_env_calculator.agent import solve
 
 CALL = re.compile(r"<calc>(.*?)</calc>", re.DOTALL)
 
@@ -49,3 +53,8 @@ class Calculator:
 @hookimpl
 def register_environments(register):
     register("calculator", Calculator)
+
+
+@hookimpl
+def register_agents(register):
+    register("calculator", solve)
