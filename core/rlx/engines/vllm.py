@@ -81,8 +81,9 @@ def why_not_vision(model_path: str) -> str | None:
     except Exception as e:
         chain = [f.filename for f in traceback.extract_tb(e.__traceback__) if "site-packages" in f.filename]
         via = " -> ".join(dict.fromkeys(c.split("site-packages/")[-1] for c in chain))
+        hint = "; a torchvision build that matches torch would let it load" if "torchvision" in str(e) else ""
         return (f"vLLM {_vllm_version()} cannot load {known[0]} here: importing {module} fails with "
-                f"{type(e).__name__}: {e}" + (f" (import chain: {via})" if via else ""))
+                f"{type(e).__name__}: {e}" + (f" (import chain: {via})" if via else "") + hint)
     if not getattr(cls, "supports_multimodal", False):
         return f"vLLM's {known[0]} takes no images"
     return None
