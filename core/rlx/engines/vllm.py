@@ -252,10 +252,14 @@ class VLLMEngine:
 def _checkpoint_renames(path: str):
     """A function from a VLM's in-memory state dict names to its checkpoint's (transformers
     renames some families' weights as it loads them), found on the model built on the meta
-    device."""
+    device; None for a model rlx loads as a causal LM, whose names are the checkpoint's."""
     from transformers import AutoConfig, AutoModelForImageTextToText
     from transformers.core_model_loading import revert_weight_conversion
 
+    from rlx.multimodal import model_type
+
+    if not model_type(path)[1]:
+        return None
     with torch.device("meta"):
         model = AutoModelForImageTextToText.from_config(AutoConfig.from_pretrained(path))
     return lambda named: revert_weight_conversion(model, dict(named))
