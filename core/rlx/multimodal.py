@@ -53,11 +53,14 @@ class ModelInputs:
 @dataclass
 class VisionPrompt:
     """A prompt as a VLM processor encodes it: readable ``text`` (one placeholder token
-    per image), token ``ids`` (images expanded to their tokens) and the ``inputs``."""
+    per image), token ``ids`` (images expanded to their tokens) and the ``inputs``.
+    ``placeholder_ids`` are the ids of ``text`` itself, one image token per image: what
+    an engine that expands images itself (vLLM) takes; None if the processor cannot say."""
 
     text: str
     ids: list[int]
     inputs: ModelInputs
+    placeholder_ids: list[int] | None = None
 
 
 class VLMProcessor(Protocol):
@@ -78,15 +81,20 @@ class ImagesOnDemand:
     """A prompt's model inputs kept as its images' file bytes, the tensors made again by its
     processor whenever a batch takes them: a dataset's patch tensors would not fit in
     memory (a 1024x768 image is 1000 patches of 1176 floats, 4.7 MB). It pickles with its
-    processor, once per message for all the prompts that share it."""
+    processor, once per message for all the prompts that share it. An engine that
+    processes images itself takes ``images()`` and ``placeholder_ids`` instead."""
 
-    def __init__(self, processor: VLMProcessor, prompt: str | list[dict], files: list[bytes], positions: Any):
+    def __init__(self, processor: VLMProcessor, prompt: str | list[dict], files: list[bytes], positions: Any,
+                 placeholder_ids: list[int] | None = None):
         self.processor, self.prompt, self.files, self.positions = processor, prompt, files, positions
+        self.placeholder_ids = placeholder_ids
+
+    def images(self) -> list:
+        return [_decode(raw, f"image {i}") for i, raw in enumerate(self.files, 1)]
 
     @property
     def tensors(self) -> dict:
-        images = [_decode(raw, f"image {i}") for i, raw in enumerate(self.files, 1)]
-        return self.processor.encode(self.prompt, images).inputs.tensors
+        return self.processor.encode(self.prompt, self.images()).inputs.tensors
 
 
 # ---------------------------------------------------------------------------
@@ -275,7 +283,8 @@ class VisionData:
             raise ValueError(f"the prompt is {len(encoded.ids)} tokens with its images, over the limit of {limit} "
                              f"(data.max_prompt_length, data.max_length - 1): raise it or lower data.max_pixels")
         if images:
-            encoded.inputs = ImagesOnDemand(self.processor, prompt, [raw for raw, _ in files], encoded.inputs.positions)
+            encoded.inputs = ImagesOnDemand(self.processor, prompt, [raw for raw, _ in files], encoded.inputs.positions,
+                                            encoded.placeholder_ids)
         return encoded
 
     def schema(self, schema):
@@ -458,7 +467,11 @@ def check_supported(config, spec, engine: str | None = None) -> None:
     if config.training.packing:
         problems.append("training.packing does not pack image inputs yet; set it to false")
     if engine == "vllm":
-        problems.append("rollout.engine=vllm does not receive images from rlx yet; use the native engine")
+        from rlx.engines.vllm import why_not_vision
+
+        reason = why_not_vision(config.model.path)
+        if reason:
+            problems.append(f"rollout.engine=vllm: {reason}; use rollout.engine=native")
     if spec.loop == "online" and config.environment.name:
         problems.append(f"environment {config.environment.name!r}: multi-turn episodes take no images yet")
     if spec.loop == "online" and config.rollout.partial_tokens:
@@ -501,4 +514,5 @@ class AutoProcessorVLM:
         ids = out["input_ids"][0]
         tensors = {k: v for k, v in out.items() if k not in ("input_ids", "attention_mask")
                    and not (v.dim() == 2 and v.shape == out["input_ids"].shape)}
-        return VisionPrompt(text, ids.tolist(), ModelInputs(tensors))
+        placeholder_ids = self.tokenizer(text, add_special_tokens=not templated)["input_ids"]
+        return VisionPrompt(text, ids.tolist(), ModelInputs(tensors), placeholder_ids)

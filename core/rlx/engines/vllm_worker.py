@@ -42,11 +42,31 @@ class WeightSync:
 
         def forward(logits, generators, k, p):
             full = logits.log_softmax(dim=-1, dtype=torch.float32)
+            banned = getattr(sampler, "_rlx_banned", None)
+            if banned is not None:
+                logits.index_fill_(-1, banned.to(logits.device), float("-inf"))
             sampled, _ = original(logits, generators, k, p)
             return sampled, full
 
         inner.forward = forward
         inner._rlx_full_vocab = True
+
+    def rlx_ban_tokens(self, ids: list[int]) -> None:
+        """Never sample ``ids`` (a VLM's image tokens), greedy or not, while reporting
+        log-probs over the whole vocabulary as before: the ban shapes the draw only."""
+        import torch
+
+        sampler = self.model_runner.sampler
+        sampler._rlx_banned = torch.tensor(ids, dtype=torch.long)
+        if getattr(sampler, "_rlx_greedy_ban", False):
+            return
+        greedy = sampler.greedy_sample
+
+        def greedy_sample(logits):
+            return greedy(logits.index_fill(-1, sampler._rlx_banned.to(logits.device), float("-inf")))
+
+        sampler.greedy_sample = greedy_sample
+        sampler._rlx_greedy_ban = True
 
     def rlx_eager_logprob_ranks(self) -> None:
         """vLLM ranks each sampled token with a ``torch.compile``d function, even in eager

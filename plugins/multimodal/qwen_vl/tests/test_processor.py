@@ -63,6 +63,9 @@ def test_a_prompt_encodes_as_transformers_image_processor_tokenizer_and_rope_ind
                                          add_generation_prompt=True)
     assert encoded["prompt_ids"] == tokenizer(text, add_special_tokens=False)["input_ids"]
     assert encoded["prompt_text"].count("<|image_pad|>") == 2  # readable: one pad per image
+    # what vLLM takes and expands itself: the same text with one pad per image
+    assert inputs.placeholder_ids == tokenizer(encoded["prompt_text"], add_special_tokens=False)["input_ids"]
+    assert inputs.placeholder_ids.count(tokenizer.convert_tokens_to_ids("<|image_pad|>")) == 2
 
     model = AutoModelForImageTextToText.from_pretrained(tiny_vl)
     ids = torch.tensor([encoded["prompt_ids"]])

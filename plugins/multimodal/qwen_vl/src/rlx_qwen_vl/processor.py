@@ -75,7 +75,8 @@ class QwenVLProcessor:
             raise ValueError(f"the prompt's text tokenizes to {ids.count(self.image_id)} image tokens where its "
                              f"images need {sum(counts)}")
         positions = mrope_positions(ids, grids, self.image_id, self.merge)
-        return VisionPrompt(text, ids, ModelInputs(tensors, positions))
+        placeholder_ids = self.tokenizer(text, add_special_tokens=not templated)["input_ids"]
+        return VisionPrompt(text, ids, ModelInputs(tensors, positions), placeholder_ids)
 
     def fetch_image(self, url: str):
         """An image from a URL, through qwen-vl-utils (``pip install rlx-qwen-vl[utils]``)."""
