@@ -329,7 +329,8 @@ class _Rollout:
             mask += [0] * len(added) + [1] * len(call.token_ids)
         truncated = c.truncated or calls[-1].finish_reason == "length"
         return AgentEpisode(prompt_index, ids, logprobs, self.tokenizer.decode(ids, skip_special_tokens=True),
-                            "length" if truncated else "stop", mask, len(calls), c.result, calls[0].prompt_ids)
+                            "length" if truncated else "stop", action_mask=mask, turns=len(calls),
+                            turn_rewards=c.result, prompt_ids=calls[0].prompt_ids)
 
 
 def _turn_rewards(result: Any) -> list[float]:
