@@ -15,7 +15,6 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import torch
 from transformers import DynamicCache
 
-from rlx import ops
 from rlx.engines.static_decode import StaticDecoder, sample, supports
 from rlx.multimodal import ModelInputs, collate, model_positions, padded_positions, present
 
@@ -101,9 +100,8 @@ class NativeEngine(RolloutEngine):
     whatever that last token decoded to after it.
 
     Prompts with images (``inputs``) are prefilled with their image tensors and their
-    multi-axis positions (M-RoPE) and then decode in the plain transformers loop, the
-    response's positions continuing from the prompt's largest: the static decoder's
-    rotary embedding is 1-D.
+    multi-axis positions (M-RoPE); the response's positions continue from the prompt's
+    largest, the same on every axis, in whichever loop decodes them.
     """
 
     def __init__(self, model: Any, tokenizer: Any, *, device: str | torch.device | None = None, max_batch_size: int = 64,
@@ -114,8 +112,9 @@ class NativeEngine(RolloutEngine):
         self.max_batch_size = max_batch_size
         self.eos_ids = _eos_ids(model, tokenizer)
         self.pad_id = _pad_id(model, tokenizer, self.eos_ids)
-        self.static = StaticDecoder(model, self.device, graphs=cuda_graphs) if supports(model) else None
         self.banned = _vision_ids(model.config, self.device)
+        self.static = StaticDecoder(model, self.device, graphs=cuda_graphs, banned=self.banned) if supports(model) \
+            else None
 
     def sleep(self) -> None:
         """Free the decode loop's KV cache and CUDA graphs while the policy trains: the
@@ -205,7 +204,7 @@ class NativeEngine(RolloutEngine):
         # Each batch samples from a seed of its own, drawn from the caller's generator: both
         # decode loops then draw the same random numbers for the same rows.
         seed = int(torch.randint(2**62, (1,), generator=generator, device=self.device))
-        if self.static is not None and inputs is None:
+        if self.static is not None:
             tokens, logprobs = self.static.run(cache, out.logits[:, -1].float(), attention, positions[:, -1] + 1, n,
                                                params, seed, finished)
         else:
@@ -235,11 +234,7 @@ class NativeEngine(RolloutEngine):
         logprobs: list[list[float]] = [[] for _ in range(rows)]
         active = list(range(rows))  # the rows still in the batch, in batch order
         for step in range(params.max_new_tokens):
-            if self.banned is None:
-                token, logprob = sample(logits, params, generator)
-            else:  # like top-k, the ban shapes the draw, not the reported log-prob
-                token, _ = sample(logits.index_fill(-1, self.banned, float("-inf")), params, generator)
-                logprob = ops.token_logprobs(logits, token, params.temperature if params.temperature > 0 else 1.0)
+            token, logprob = sample(logits, params, generator, banned=self.banned)
             keep = []
             for b, (row, tok, lp) in enumerate(zip(active, token.tolist(), logprob.tolist())):
                 tokens[row].append(tok)

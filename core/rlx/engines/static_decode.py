@@ -14,8 +14,11 @@ rows are done (graphs are captured per batch-size and cache-length bucket), on t
 at every step. The host reads the sampled tokens every few steps, not after each one,
 and on CUDA one chunk late, so that the GPU decodes on while the host checks them.
 
-It drives decoder-only models of the Llama family (``supports``); anything else takes
-the engine's plain transformers loop.
+It drives decoder-only models of the Llama family and the language models of Qwen2-VL
+and Qwen2.5-VL (``supports``); anything else takes the engine's plain transformers loop.
+A VLM's prompt is prefilled with its images and multi-axis positions (M-RoPE) by the
+model's own forward; every response token is text, whose position is the same on each
+axis, so the decode step passes one position three times.
 """
 
 from __future__ import annotations
@@ -28,15 +31,16 @@ import torch.nn.functional as F
 
 from rlx.engines import decode_attention
 
-ARCHITECTURES = {"llama", "qwen2", "qwen3", "mistral"}
+ARCHITECTURES = {"llama", "qwen2", "qwen3", "mistral", "qwen2_vl", "qwen2_5_vl"}
 
 
 def supports(model: Any) -> bool:
-    """Whether ``model`` (a transformers causal LM, maybe under LoRA) can decode here: a
-    Llama-family decoder with full attention in every layer, its weights materialised."""
+    """Whether ``model`` (a transformers causal LM or Qwen-VL, maybe under LoRA) can decode
+    here: a Llama-family decoder with full attention in every layer, its weights materialised."""
     config = getattr(model, "config", None)
     if getattr(config, "model_type", None) not in ARCHITECTURES:
         return False
+    config = config.get_text_config()
     if any(t != "full_attention" for t in getattr(config, "layer_types", None) or []):
         return False
     if config.model_type == "mistral" and getattr(config, "sliding_window", None):
@@ -50,15 +54,19 @@ class StaticDecoder:
     takes that forward's cache and last logits and returns each row's sampled tokens and
     their log-probs, cut after EOS or a stop string by ``finished``."""
 
-    def __init__(self, model: Any, device: torch.device, *, graphs: bool, check_every: int = 8):
+    def __init__(self, model: Any, device: torch.device, *, graphs: bool, check_every: int = 8,
+                 banned: torch.Tensor | None = None):
         self.model = model
+        self.banned = banned  # ids never sampled (a VLM's image tokens)
         self.decoder = model.get_decoder()
         self.head = model.get_output_embeddings()
         self.layers = list(self.decoder.layers)
         attn = self.layers[0].self_attn
         self.head_dim = attn.head_dim
-        self.kv_heads = model.config.num_key_value_heads
-        self.groups = model.config.num_attention_heads // self.kv_heads
+        text = model.config.get_text_config()
+        self.kv_heads = text.num_key_value_heads
+        self.groups = text.num_attention_heads // self.kv_heads
+        self.mrope = hasattr(self.decoder.rotary_emb, "mrope_section")
         self.scale = attn.scaling
         self.rope = sys.modules[type(attn).__module__].apply_rotary_pos_emb
         self.device = device
@@ -119,7 +127,10 @@ class StaticDecoder:
         """Embed the last token of rows ``[:b]``, attend over cache columns ``[:span]``,
         sample the next token and record it: every write in place, so a graph can replay it."""
         x = self.decoder.embed_tokens(self.token[:b, None])
-        cos, sin = self.decoder.rotary_emb(x, self.position[:b, None])
+        position = self.position[:b, None]
+        if self.mrope:  # [axes, b, 1]: a text token sits at the same position on every axis
+            position = position.expand(3, -1, -1)
+        cos, sin = self.decoder.rotary_emb(x, position)
         mask = None  # the Triton kernel reads the valid columns itself
         if not self.triton_attention:
             mask = (self.valid[:b, :span] & (self.columns[:span] <= self.column))[:, None, None, :]
@@ -127,7 +138,7 @@ class StaticDecoder:
             q, k, v = self._qkv(layer, x, cos, sin, self.rope)
             x = self._mlp(layer, x, self._attention(i, q, k, v, mask, b, span))
         logits = self.head(self.decoder.norm(x)[:, 0])
-        token, logprob = sample(logits, params, generator, self._race)
+        token, logprob = sample(logits, params, generator, self._race, self.banned)
         self.out_tokens[:b].index_copy_(1, self.step, token[:, None])
         self.out_logprobs[:b].index_copy_(1, self.step, logprob[:, None])
         self.token[:b].copy_(token)
@@ -199,7 +210,7 @@ class StaticDecoder:
         self.step.fill_(1)
 
         # the first token comes from the prefill's logits
-        token, logprob = sample(logits.repeat_interleave(n, 0), params, generator)
+        token, logprob = sample(logits.repeat_interleave(n, 0), params, generator, banned=self.banned)
         self.token[:rows] = token
         self.out_tokens[:rows, 0] = token
         self.out_logprobs[:rows, 0] = logprob
@@ -302,32 +313,37 @@ def _mlp(layer, x, attended):
     return x + layer.mlp(layer.post_attention_layernorm(x))
 
 
-def _race(logits, uniform, temperature: float):
+def _race(logits, uniform, temperature: float, banned=None):
     """The exponential race in log space over softmax(logits / T) (E = −log U, so the race
     is the arg-max of z / T − log(−log U)), and the winner's log-prob."""
     scaled = logits.float() / temperature
-    token = (scaled - torch.log(-torch.log(uniform))).argmax(-1)
+    keys = scaled - torch.log(-torch.log(uniform))
+    if banned is not None:
+        keys = keys.index_fill(-1, banned, float("-inf"))
+    token = keys.argmax(-1)
     return token, scaled.gather(-1, token[:, None]).squeeze(-1) - scaled.logsumexp(-1)
 
 
 def sample(logits: torch.Tensor, params, generator: torch.Generator | None,
-           race=_race) -> tuple[torch.Tensor, torch.Tensor]:
+           race=_race, banned: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Next token of each row and its log-prob under softmax(logits / T), before top-k/top-p.
 
     Draws by the exponential race (arg-max of p_i / E_i with E_i ~ Exp(1), which picks i
     with probability p_i): no host sync, so it can sit inside a CUDA graph. ``race`` is
-    ``_race``, maybe compiled.
+    ``_race``, maybe compiled. Like top-k, ``banned`` ids shape the draw (they never win),
+    not the reported log-prob.
     """
     temperature = params.temperature if params.temperature > 0 else 1.0
     if not (params.greedy or params.temperature == 0 or params.top_k > 0 or params.top_p < 1.0):
         # uniform draws: on the CPU 5x faster than exponential_'s, which took a third of a tiny model's rollout
         uniform = torch.rand(logits.shape, dtype=torch.float32, device=logits.device, generator=generator)
-        return race(logits, uniform, temperature)
+        return race(logits, uniform, temperature, banned)
     scaled = logits.float() / temperature
+    drawn = scaled if banned is None else scaled.index_fill(-1, banned, float("-inf"))
     if params.greedy or params.temperature == 0:
-        token = scaled.argmax(-1)
+        token = drawn.argmax(-1)
     else:
-        weights = truncate(scaled.log_softmax(-1), params.top_k, params.top_p).exp()
+        weights = truncate(drawn.log_softmax(-1), params.top_k, params.top_p).exp()
         token = (weights / torch.empty_like(weights).exponential_(generator=generator)).argmax(-1)
     logprob = scaled.gather(-1, token[:, None]).squeeze(-1) - scaled.logsumexp(-1)
     return token, logprob

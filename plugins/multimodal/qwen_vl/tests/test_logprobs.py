@@ -78,3 +78,30 @@ def test_rollout_training_and_transformers_log_probs_agree(arch, request, shapes
     else:
         with pytest.raises(ValueError, match="mm_token_type_ids"):
             scores(*with_images[0])
+
+
+@pytest.mark.parametrize("sampling", [dict(greedy=True), dict(seed=3), dict(seed=3, top_p=0.9)],
+                         ids=["greedy", "sampled", "top-p"])
+def test_the_static_decoder_samples_what_the_plain_loop_does(tiny_vl, shapes, sampling):
+    """Prompts with images decode in the static decoder (a text token's M-RoPE position is
+    the same on every axis) and give the plain transformers loop's tokens and log-probs."""
+    train, _ = shapes
+    host = get_host()
+    config = resolve(host.algorithms.get("grpo"), {"model": {"path": tiny_vl},
+                                                    "data": {"path": str(train["prompts"]), "chat_template": "none"}})
+    tokenizer = models.load_tokenizer(tiny_vl)
+    vision = multimodal.vision_data(config, host, tokenizer).reading(str(train["prompts"]))
+    rows = [json.loads(line) for line in train["prompts"].read_text().splitlines()[:2]]
+    rows.append({"prompt": "What colour is grass?", "label": "green"})
+    prompts = [vision.encode_prompt(r) for r in rows]
+    model = models.load_causal_lm(ModelConfig(path=tiny_vl), torch.device("cpu"), trainable=False)
+    engine = NativeEngine(model, tokenizer)
+    assert engine.static is not None
+    params = SamplingParams(n=2, max_new_tokens=12, **sampling)
+    args = ([p["prompt_ids"] for p in prompts], params, [p["inputs"] for p in prompts])
+    static = engine.generate(*args)
+    engine.static = None
+    plain = engine.generate(*args)
+    assert [c.token_ids for c in static] == [c.token_ids for c in plain]
+    for a, b in zip(static, plain):
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=2e-5, rtol=0)
