@@ -184,7 +184,9 @@ class StaticDecoder:
         graph.register_generator_state(generator)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(graph, pool=self._pool):
+        # thread_local: with overlapped rollouts the update runs (and syncs) in another
+        # thread while this one captures, which the default global mode would forbid
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             self._forward(b, span, params, generator)
         return graph
 
