@@ -184,15 +184,16 @@ class NativeEngine(RolloutEngine):
                 positions = model_positions(axes.to(self.device))
 
         cache = DynamicCache(config=self.model.config)
-        out = self.model(
-            input_ids=ids,
-            attention_mask=attention,
-            position_ids=positions,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-            **extra,
-        )
+        with eager():
+            out = self.model(
+                input_ids=ids,
+                attention_mask=attention,
+                position_ids=positions,
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+                **extra,
+            )
         if positions.dim() == 3:  # the response goes on from the largest position, on every axis
             positions = positions.amax(0).cummax(-1).values
         max_stop = max((len(s) for s in params.stop), default=0)
@@ -249,8 +250,9 @@ class NativeEngine(RolloutEngine):
                 token, attention, next_position = token[index], attention[index], next_position[index]
                 active = [active[b] for b in keep]
             attention = torch.cat([attention, attention.new_ones(len(active), 1)], dim=1)
-            out = self.model(input_ids=token[:, None], attention_mask=attention, position_ids=next_position,
-                             past_key_values=cache, use_cache=True)
+            with eager():
+                out = self.model(input_ids=token[:, None], attention_mask=attention, position_ids=next_position,
+                                 past_key_values=cache, use_cache=True)
             logits = out.logits[:, -1].float()
             next_position = next_position + 1
         return tokens, logprobs
@@ -264,6 +266,13 @@ class NativeEngine(RolloutEngine):
         """
         tail = self.tokenizer.decode(tokens[-(max_stop + 2) :], skip_special_tokens=True)
         return any(s in tail for s in stop)
+
+
+def eager():
+    """Run the policy's compiled layers (``training.compile``) eagerly in a rollout: a
+    rollout's shapes would make them compile again, and once they have seen two shapes
+    Dynamo compiles them for dynamic shapes, which the update then runs too."""
+    return torch.compiler.set_stance("force_eager")
 
 
 # a VLM's tokens that stand for images: a response holding one would ask the next forward
