@@ -181,3 +181,21 @@ def test_update_weights(model, tokenizer, prompts):
     expected = NativeEngine(other, tokenizer).generate(prompts, SamplingParams(greedy=True, max_new_tokens=6))
     assert engine.generate(prompts, SamplingParams(greedy=True, max_new_tokens=6)) == expected
     assert isinstance(expected[0], Completion)
+
+
+@pytest.mark.parametrize("static", [True, False], ids=["static-decoder", "plain-loop"])
+def test_a_rollout_never_compiles_the_policys_compiled_layers(tokenizer, prompts, static):
+    """The policy's layers compiled for training (``training.compile``) run eagerly in a
+    rollout: its shapes would make Dynamo compile them again, for dynamic shapes."""
+    from torch._dynamo.testing import CompileCounter
+
+    model, counter = make_model(), CompileCounter()
+    for layer in model.model.layers:
+        layer.compile(backend=counter)
+    engine = NativeEngine(model, tokenizer)
+    if not static:
+        engine.static = None
+    engine.generate(prompts, SamplingParams(n=2, max_new_tokens=5, seed=0))
+    assert counter.frame_count == 0
+    model(torch.tensor(prompts[:1]))  # outside a rollout the compiled layers compile
+    assert counter.frame_count > 0

@@ -8,6 +8,7 @@ control. Faster engines (vLLM, ...) implement the same four methods.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -184,7 +185,7 @@ class NativeEngine(RolloutEngine):
                 positions = model_positions(axes.to(self.device))
 
         cache = DynamicCache(config=self.model.config)
-        with eager():
+        with eager(self.model):
             out = self.model(
                 input_ids=ids,
                 attention_mask=attention,
@@ -250,7 +251,7 @@ class NativeEngine(RolloutEngine):
                 token, attention, next_position = token[index], attention[index], next_position[index]
                 active = [active[b] for b in keep]
             attention = torch.cat([attention, attention.new_ones(len(active), 1)], dim=1)
-            with eager():
+            with eager(self.model):
                 out = self.model(input_ids=token[:, None], attention_mask=attention, position_ids=next_position,
                                  past_key_values=cache, use_cache=True)
             logits = out.logits[:, -1].float()
@@ -268,11 +269,15 @@ class NativeEngine(RolloutEngine):
         return any(s in tail for s in stop)
 
 
-def eager():
+def eager(model: torch.nn.Module):
     """Run the policy's compiled layers (``training.compile``) eagerly in a rollout: a
     rollout's shapes would make them compile again, and once they have seen two shapes
-    Dynamo compiles them for dynamic shapes, which the update then runs too."""
-    return torch.compiler.set_stance("force_eager")
+    Dynamo compiles them for dynamic shapes, which the update then runs too. The stance is
+    global, so a model with nothing compiled (an engine's own copy, sampling beside the
+    update in another thread) leaves it alone."""
+    if any(getattr(m, "_compiled_call_impl", None) is not None for m in model.modules()):
+        return torch.compiler.set_stance("force_eager")
+    return contextlib.nullcontext()
 
 
 # a VLM's tokens that stand for images: a response holding one would ask the next forward
