@@ -11,6 +11,19 @@ def tiny_model_dir():
     return builtin_model("builtin:tiny")
 
 
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir):
+    """The native engine on the tiny model (CPU, float32), and its tokenizer."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlx.rollout import NativeEngine
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    return NativeEngine(model, tokenizer, device=torch.device("cpu")), tokenizer
+
+
 @pytest.fixture(scope="session")
 def demo_policy():
     """builtin:tiny-arithmetic, the demo policy rlx makes with a short SFT (once per session)."""

@@ -16,7 +16,7 @@ from rlx.chat_endpoint import ChatEndpoint
 from rlx.config import AgentConfig
 from rlx.errors import RunError
 from rlx.online import batch_of_completions
-from rlx.rollout import NativeEngine, SamplingParams
+from rlx.rollout import SamplingParams
 from rlx.tiny import CHAT_TEMPLATE
 
 
@@ -35,15 +35,6 @@ def chat(base_url, messages, **request):
     status, answer = post(f"{base_url}/chat/completions", {"model": "policy", "messages": messages, **request})
     assert status == 200, answer
     return answer
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_model_dir):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
-    return NativeEngine(model, tokenizer, device=torch.device("cpu")), tokenizer
 
 
 def prompts(tokenizer):

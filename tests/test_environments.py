@@ -6,7 +6,7 @@ import torch
 from e2e import one_thread  # noqa: F401 (autouse)
 from rlx.environments import Step, run_episodes
 from rlx.online import batch_of_completions
-from rlx.rollout import NativeEngine, SamplingParams
+from rlx.rollout import SamplingParams
 
 
 class Echo:
@@ -21,15 +21,6 @@ class Echo:
     async def step(self, action):
         self.turns += 1
         return Step(observation=" ok\n", reward=0.5, done=self.turns == 3)
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_model_dir):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
-    return NativeEngine(model, tokenizer, device=torch.device("cpu")), tokenizer
 
 
 def prompts(tokenizer):
