@@ -20,20 +20,25 @@ from rlx.testing import one_thread  # noqa: F401
 from rlx.workers.forward import response_logprobs
 
 
+def shapes_prompts(model_path, shapes, n):
+    """The shapes task's first ``n`` rows, the model's tokenizer and the task's prompt encoder."""
+    train, _ = shapes
+    host = get_host()
+    config = resolve(host.algorithms.get("grpo"), {"model": {"path": model_path},
+                                                    "data": {"path": str(train["prompts"]), "chat_template": "none"}})
+    tokenizer = models.load_tokenizer(model_path)
+    vision = multimodal.vision_data(config, host, tokenizer).reading(str(train["prompts"]))
+    rows = [json.loads(line) for line in train["prompts"].read_text().splitlines()[:n]]
+    return rows, tokenizer, vision.encode_prompt
+
 @pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen2_vl"])
 def test_rollout_training_and_transformers_log_probs_agree(arch, request, shapes):
     tiny_vl = request.getfixturevalue({"qwen2_5_vl": "tiny_vl", "qwen2_vl": "tiny_qwen2_vl"}[arch])
-    train, _ = shapes
-    host = get_host()
-    config = resolve(host.algorithms.get("grpo"), {"model": {"path": tiny_vl},
-                                                    "data": {"path": str(train["prompts"]), "chat_template": "none"}})
-    tokenizer = models.load_tokenizer(tiny_vl)
-    vision = multimodal.vision_data(config, host, tokenizer).reading(str(train["prompts"]))
-    rows = [json.loads(line) for line in train["prompts"].read_text().splitlines()[:3]]
+    rows, tokenizer, encode = shapes_prompts(tiny_vl, shapes, 3)
     rows.append({"prompt": "<image>Left, then <image>right: which is red?",
                  "images": rows[0]["images"] + rows[1]["images"], "label": "x"})  # two images, more prompt tokens
     rows.append({"prompt": "What colour is grass?", "label": "green"})  # no image at all
-    prompts = [vision.encode_prompt(r) for r in rows]
+    prompts = [encode(r) for r in rows]
     model = models.load_causal_lm(ModelConfig(path=tiny_vl), torch.device("cpu"), trainable=False)
 
     n = 2
@@ -85,15 +90,9 @@ def test_rollout_training_and_transformers_log_probs_agree(arch, request, shapes
 def test_the_static_decoder_samples_what_the_plain_loop_does(tiny_vl, shapes, sampling):
     """Prompts with images decode in the static decoder (a text token's M-RoPE position is
     the same on every axis) and give the plain transformers loop's tokens and log-probs."""
-    train, _ = shapes
-    host = get_host()
-    config = resolve(host.algorithms.get("grpo"), {"model": {"path": tiny_vl},
-                                                    "data": {"path": str(train["prompts"]), "chat_template": "none"}})
-    tokenizer = models.load_tokenizer(tiny_vl)
-    vision = multimodal.vision_data(config, host, tokenizer).reading(str(train["prompts"]))
-    rows = [json.loads(line) for line in train["prompts"].read_text().splitlines()[:2]]
+    rows, tokenizer, encode = shapes_prompts(tiny_vl, shapes, 2)
     rows.append({"prompt": "What colour is grass?", "label": "green"})
-    prompts = [vision.encode_prompt(r) for r in rows]
+    prompts = [encode(r) for r in rows]
     model = models.load_causal_lm(ModelConfig(path=tiny_vl), torch.device("cpu"), trainable=False)
     engine = NativeEngine(model, tokenizer)
     assert engine.static is not None
