@@ -80,25 +80,33 @@ def test_overlapped_rollouts_lag_within_the_bound(host, demo_policy, tmp_path):
     assert one[1]["rollout/logp_diff"] > 10 * synchronous[1]["rollout/logp_diff"] + 1e-5
 
 
-def test_a_killed_overlapped_run_resumes_exactly(host, demo_policy, tmp_path):
-    """The rollout in flight at a checkpoint is saved with it: the resumed run trains on
-    the samples the uninterrupted one did, made by the same (older) weights."""
-    whole = train(host, tmp_path / "whole", 4, {"overlap": True})
+def killed_and_resumed(host, tmp_path, rollout: dict, whole: list[dict]) -> dict:
+    """A 4-step run checkpointed every 2 steps, killed in step 3 and resumed: its steps equal
+    the uninterrupted run's ``whole`` (the killed step 3 is dropped and made again). Returns
+    the step-2 checkpoint's trainer state."""
     tree = {"output": str(tmp_path / "cut"), **QUIET, "training": {"max_steps": 4}, "algorithm": TIS,
-            "rollout": {"overlap": True}, "checkpoint": {"every": 2, "save_final": False}}
+            "rollout": rollout, "checkpoint": {"every": 2, "save_final": False}}
     config = resolve(host.algorithms.get("grpo"), tree)
     killing = build_host()
     killing.pm.register(KillAfter(3))
     with pytest.raises(Killed):
         run(config, killing)
     state = json.loads((tmp_path / "cut" / "checkpoints" / "step_00000002" / "trainer_state.json").read_text())
-    assert state["pending_rollout"]["step"] == 2 and state["pending_rollout"]["version"] == 1
     run(config, host, resume=True)
     resumed = [json.loads(line) for line in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()
                if '"reward/mean"' in line]
-    assert [r["step"] for r in resumed] == [1, 2, 3, 4]  # the killed run's step 3 is dropped and made again
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4]
     for key in ("reward/mean", "loss/policy", "grad_norm", "rollout/staleness", "rollout/logp_diff"):
         assert [r[key] for r in resumed] == pytest.approx([r[key] for r in whole], abs=1e-6), key
+    return state
+
+
+def test_a_killed_overlapped_run_resumes_exactly(host, demo_policy, tmp_path):
+    """The rollout in flight at a checkpoint is saved with it: the resumed run trains on
+    the samples the uninterrupted one did, made by the same (older) weights."""
+    whole = train(host, tmp_path / "whole", 4, {"overlap": True})
+    state = killed_and_resumed(host, tmp_path, {"overlap": True}, whole)
+    assert state["pending_rollout"]["step"] == 2 and state["pending_rollout"]["version"] == 1
 
 
 def test_overlap_settings_are_checked_before_anything_loads(host):
@@ -148,19 +156,6 @@ def test_a_killed_run_with_partial_rollouts_resumes_exactly(host, demo_policy, t
     trains on the samples the uninterrupted one did, and goes on like it."""
     monkeypatch.setattr(online, "RolloutsAhead", Lockstep)
     whole = train(host, tmp_path / "whole", 4, PARTIAL)
-    tree = {"output": str(tmp_path / "cut"), **QUIET, "training": {"max_steps": 4}, "algorithm": TIS,
-            "rollout": PARTIAL, "checkpoint": {"every": 2, "save_final": False}}
-    config = resolve(host.algorithms.get("grpo"), tree)
-    killing = build_host()
-    killing.pm.register(KillAfter(3))
-    with pytest.raises(Killed):
-        run(config, killing)
-    state = json.loads((tmp_path / "cut" / "checkpoints" / "step_00000002" / "trainer_state.json").read_text())
+    state = killed_and_resumed(host, tmp_path, PARTIAL, whole)
     saved = [c["versions"] for c in state["pending_rollout"]["rollout"]["completions"]]
     assert all(v == [1] * min(len(v), 2) + [2] * (len(v) - 2) for v in saved) and max(map(len, saved)) > 2
-    run(config, host, resume=True)
-    resumed = [json.loads(line) for line in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()
-               if '"reward/mean"' in line]
-    assert [r["step"] for r in resumed] == [1, 2, 3, 4]
-    for key in ("reward/mean", "loss/policy", "grad_norm", "rollout/staleness", "rollout/logp_diff"):
-        assert [r[key] for r in resumed] == pytest.approx([r[key] for r in whole], abs=1e-6), key
