@@ -152,7 +152,7 @@ def rlx_grpo(args: list[str], out: Path, steps: int) -> dict:
     return {"step_s": step, "rollout_s": [r["time/rollout"] for r in rows], "train_s": [r["time/train"] for r in rows],
             "logprobs_s": [r.get("time/logprobs") for r in rows],
             "peak_reserved_gib": [r.get("memory/peak_reserved_gib") for r in rows],
-            "peak_allocated_gib": [r.get("memory/peak_allocated_gib") for r in rows],
+            **{k: [r.get(f"memory/{k}") for r in rows] for k in ("rollout_peak_gib", "before_update_gib", "update_peak_gib")},
             "median_step_s": statistics.median(step[1:]), **memory.summary()}
 
 

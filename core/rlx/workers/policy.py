@@ -53,6 +53,12 @@ class PolicyWorker:
         ranks), so that losses are normalised as on one device. Returns this rank's share of
         the step's metrics (the driver sums them over ranks) and the update's own metrics."""
         self.engine.model.train()
+        device = next(self.engine.model.parameters()).device
+        memory = {}
+        if device.type == "cuda":  # what the step held before the update, and its peak since the last update
+            memory = {"memory/before_update_gib": torch.cuda.memory_allocated(device) / 2**30,
+                      "memory/rollout_peak_gib": torch.cuda.max_memory_allocated(device) / 2**30}
+            torch.cuda.reset_peak_memory_stats(device)
         agg = dict(token_count=token_count, seq_count=seq_count, max_len=self.r.max_new_tokens)
         # metrics stay on the device until the step ends: a host read after every micro-batch
         # would stall the GPU while Python queues the next forward
@@ -62,11 +68,11 @@ class PolicyWorker:
                 v = v.detach().float()
                 totals[k] = v if k not in totals else (torch.maximum if k.endswith("_max") else torch.add)(totals[k], v)
         update = self.engine.step()
-        device = next(self.engine.model.parameters()).device
-        if device.type == "cuda":  # the peaks since the last update: this rank's rollout, if it makes one, and the update
-            update["memory/peak_allocated_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
-            update["memory/peak_reserved_gib"] = torch.cuda.max_memory_reserved(device) / 2**30
+        if device.type == "cuda":  # the update's own peak, then the rollout's is counted afresh
+            memory["memory/update_peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+            memory["memory/peak_reserved_gib"] = torch.cuda.max_memory_reserved(device) / 2**30
             torch.cuda.reset_peak_memory_stats(device)
+        update.update(memory)
         return {k: v.item() for k, v in totals.items()}, update
 
     def _micro_step(self, micro: Batch, beta: float, tokens: float, agg: dict) -> dict[str, torch.Tensor]:
