@@ -55,12 +55,12 @@ def census(worker) -> dict:
         count("optimizer state", [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)])
     rest: dict[tuple, list] = collections.defaultdict(lambda: [0, 0.0])
     for obj in gc.get_objects():
-        try:
+        try:  # compile's fake tensors live on too, with no storage to count
             if not torch.is_tensor(obj) or obj.device != device:
                 continue
-        except Exception:  # noqa: BLE001 - some proxies raise on attribute access
+            key = obj.untyped_storage().data_ptr()
+        except Exception:  # noqa: BLE001
             continue
-        key = obj.untyped_storage().data_ptr()
         if key in seen:
             continue
         seen.add(key)

@@ -93,6 +93,9 @@ class TrainingConfig:
     forward_micro_batch_size: int = opt(0, "samples per no-grad forward (log-probs, values); 0: 4 x micro_batch_size")
     compile: Literal["auto", "on", "off"] = opt(
         "auto", "torch.compile each decoder layer; auto: on CUDA with the plain backend, no LoRA and no gradient checkpointing")
+    compile_memory: float = opt(
+        1.0, "compiled layers keep at most this fraction of the activations they would keep for the backward pass, "
+             "recomputing the rest (the elementwise work first); 1: what the compiler picks")
     epochs: int = opt(1, "passes over the data: training rows (offline) or prompts (online); max_steps wins when set")
     max_steps: int = opt(0, "stop after this many optimizer steps (0: run all epochs)")
     packing: bool = opt(False, "pack several samples into one row without padding (SFT; the online policy and reference passes)")
@@ -467,6 +470,7 @@ def validate(config: RunConfig) -> None:
         (t.batch_size > 0, "training.batch_size must be positive"),
         (t.micro_batch_size > 0, "training.micro_batch_size must be positive"),
         (t.forward_micro_batch_size >= 0, "training.forward_micro_batch_size must be 0 or positive"),
+        (0 < t.compile_memory <= 1, f"training.compile_memory must be in (0, 1], not {t.compile_memory}"),
         (t.batch_size % t.micro_batch_size == 0,
          f"training.batch_size ({t.batch_size}) must be a multiple of training.micro_batch_size ({t.micro_batch_size})"),
         (t.lr >= 0, "training.lr must not be negative"),

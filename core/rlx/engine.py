@@ -168,7 +168,7 @@ class PlainEngine(TrainEngine):
         self.model = model
         self.device = next(model.parameters()).device
         self.max_grad_norm = cfg.max_grad_norm
-        models.compile_layers(model, cfg.compile)
+        models.compile_layers(model, cfg.compile, cfg.compile_memory)
         named = _trainable(model)
         if not named:
             raise ValueError("the model has no trainable parameters")

@@ -224,7 +224,7 @@ def _unwrap_engine(model):
     return model
 
 
-def compile_layers(model, setting: str) -> None:
+def compile_layers(model, setting: str, memory: float = 1.0) -> None:
     """torch.compile each decoder layer when ``setting`` (``training.compile``) says so.
 
     Regional compilation: the layers share one compiled graph, built in seconds, which
@@ -232,12 +232,20 @@ def compile_layers(model, setting: str) -> None:
     update ran 1.3x faster). ``auto`` compiles on CUDA only, and neither under gradient
     checkpointing, whose recomputation replays the layer outside the compiled graph, nor
     under LoRA, whose wrapped layers have not been measured compiled.
+
+    ``memory`` (``training.compile_memory``) below 1 bounds the activations the compiled
+    backward keeps, as that fraction of what it would keep; the partitioner then recomputes
+    cheap elementwise outputs (the MLP's gated product, the norms) rather than store them.
+    The setting is the process's: it is read when a graph compiles.
     """
     module = hf_module(model)
     device = next(module.parameters()).device
     lora = hasattr(_unwrap_engine(model), "peft_config")
     if setting == "off" or (setting == "auto" and (device.type != "cuda" or module.is_gradient_checkpointing or lora)):
         return
+    import torch._functorch.config
+
+    torch._functorch.config.activation_memory_budget = memory
     base = getattr(module, module.base_model_prefix, module)
     for layer in getattr(base, "layers", None) or []:
         layer.compile()

@@ -15,7 +15,7 @@ class ReferenceWorker:
         self.packed = config.training.packing
         device = models.resolve_device(config.training.device)
         self.model = models.load_causal_lm(config.model, device, trainable=False)
-        models.compile_layers(self.model, config.training.compile)
+        models.compile_layers(self.model, config.training.compile, config.training.compile_memory)
 
     def logprobs(self, batch: Batch) -> torch.Tensor:
         return batched(lambda part: response_logprobs(self.model, part, self.temperature, packed=self.packed)[0],
