@@ -229,3 +229,22 @@ def test_rlx_train_grpo_runs_on_the_shapes_videos(tiny_vl, tmp_path):
     steps = [m for m in steps if "rollout/logp_diff_max" in m]
     assert len(steps) == 2
     assert all(m["rollout/logp_diff_max"] < 1e-4 and m["grad_norm"] > 0 for m in steps)
+
+
+def test_videos_with_vllm_fail_before_a_model_loads(tiny_vl, tmp_path, monkeypatch):
+    from rlx.config import set_dotted
+    from rlx.engines import vllm
+    from rlx.errors import RunError
+    from rlx.run import run
+    from rlx_qwen_vl.shapes import write_video_dataset
+
+    files = write_video_dataset(tmp_path / "moves", 2)
+    monkeypatch.setattr(vllm, "why_not_vision", lambda path: None)  # as where vLLM loads Qwen-VL
+    monkeypatch.setattr(models, "load_causal_lm", lambda *a, **k: pytest.fail("a model loaded"))
+    tree: dict = {}
+    for key, value in {"model.path": tiny_vl, "data.path": str(files["prompts"]), "output": str(tmp_path / "x"),
+                       "rollout.engine": "vllm", "data.chat_template": "none", "logging.progress": False}.items():
+        set_dotted(tree, key, value)
+    host = get_host()
+    with pytest.raises(RunError, match="rollout.engine=vllm takes prompts with images but not with videos yet"):
+        run(resolve(host.algorithms.get("grpo"), tree), host)
