@@ -57,9 +57,10 @@ class ModelInputs:
 @dataclass
 class VisionPrompt:
     """A prompt as a VLM processor encodes it: readable ``text`` (one placeholder token
-    per image), token ``ids`` (images expanded to their tokens) and the ``inputs``.
-    ``placeholder_ids`` are the ids of ``text`` itself, one image token per image: what
-    an engine that expands images itself (vLLM) takes; None if the processor cannot say."""
+    per image and per video), token ``ids`` (each expanded to its tokens) and the
+    ``inputs``. ``placeholder_ids`` are the ids of ``text`` itself, one image token per
+    image: what an engine that expands images itself (vLLM) takes; None if the processor
+    cannot say."""
 
     text: str
     ids: list[int]
