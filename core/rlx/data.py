@@ -42,7 +42,7 @@ class Conversation(Messages):
 
 
 class ImageMessages(Messages):
-    """Type marker: chat messages whose contents may be lists of text and image items."""
+    """Type marker: chat messages whose contents may be lists of text, image and video items."""
 
 
 @dataclass(frozen=True)
@@ -385,12 +385,12 @@ def _messages_problem(messages: list, need_assistant: bool, items: bool = False)
 
 
 def _items_problem(content: list) -> str | None:
-    """What is wrong with a list of content items (``{"type": "text", "text"}`` or
-    ``{"type": "image"}``), or None."""
+    """What is wrong with a list of content items (``{"type": "text", "text"}``,
+    ``{"type": "image"}`` or ``{"type": "video"}``), or None."""
     for j, item in enumerate(content, 1):
         kind = item.get("type") if isinstance(item, dict) else None
-        if kind not in ("text", "image", "image_url"):
-            return f"content item {j} should be an object with type text or image, got {_short(item)}"
+        if kind not in ("text", "image", "image_url", "video"):
+            return f"content item {j} should be an object with type text, image or video, got {_short(item)}"
         if kind == "text" and not isinstance(item.get("text"), str):
             return f"content item {j} (text) has no 'text' string"
     return None

@@ -1,18 +1,20 @@
-"""Images in prompts: rows with pictures, their model inputs, and how those travel.
+"""Images and videos in prompts: rows with pictures, their model inputs, and how those travel.
 
 A vision-language model (VLM) needs, beside a prompt's token ids, tensors computed from
-its images (``pixel_values``, ``image_grid_thw`` ...) and, for models with multi-axis
-rotary positions such as Qwen2-VL's M-RoPE, the position of every prompt token on each
-axis. A *VLM processor*, registered by a plugin under the model's ``model_type``
-(``register_vlm_processors``), turns a prompt and its images into those; this module
-reads the images a row names, checks the row before anything runs, and lays the
-results out for the rollout engine and the batch.
+its images and videos (``pixel_values``, ``image_grid_thw``, ``pixel_values_videos`` ...)
+and, for models with multi-axis rotary positions such as Qwen2-VL's M-RoPE, the position
+of every prompt token on each axis. A *VLM processor*, registered by a plugin under the
+model's ``model_type`` (``register_vlm_processors``), turns a prompt and its images and
+videos into those; this module reads what a row names, checks the row before anything
+runs, and lays the results out for the rollout engine and the batch.
 
 A row holds its images in the ``data.image_key`` column (a path, bytes, base64 text, a
 ``data:`` URI or a ``{"bytes", "path"}`` record; one or a list) and marks where each
 goes with an ``<image>`` placeholder in a text prompt, or with ``{"type": "image"}``
-items (which may carry the image themselves under ``"image"``) in chat messages. The
-number of images must equal the number of placeholders.
+items (which may carry the image themselves under ``"image"``) in chat messages. Videos
+are the same with ``data.video_key``, ``<video>`` and ``{"type": "video"}``: a video is a
+list of frames (each anything an image may be) or a video file the processor decodes.
+The number of images (videos) must equal the number of their placeholders.
 
 Each sample's tensors keep that sample's rows on dim 0 (``pixel_values``: its patches;
 ``image_grid_thw``: its images); a batch concatenates them and remembers how many rows
@@ -32,8 +34,10 @@ from typing import Any, Protocol
 from rlx.errors import ConfigError, ModelError
 
 PLACEHOLDER = "<image>"
+VIDEO_PLACEHOLDER = "<video>"
 _BASE64 = re.compile(r"^[A-Za-z0-9+/=\s]+$")
 IMAGE_ITEM_TYPES = ("image", "image_url")
+VIDEO_ITEM_TYPES = ("video",)
 
 
 @dataclass
@@ -53,9 +57,10 @@ class ModelInputs:
 @dataclass
 class VisionPrompt:
     """A prompt as a VLM processor encodes it: readable ``text`` (one placeholder token
-    per image), token ``ids`` (images expanded to their tokens) and the ``inputs``.
-    ``placeholder_ids`` are the ids of ``text`` itself, one image token per image: what
-    an engine that expands images itself (vLLM) takes; None if the processor cannot say."""
+    per image and per video), token ``ids`` (each expanded to its tokens) and the
+    ``inputs``. ``placeholder_ids`` are the ids of ``text`` itself, one image token per
+    image: what an engine that expands images itself (vLLM) takes; None if the processor
+    cannot say."""
 
     text: str
     ids: list[int]
@@ -63,79 +68,127 @@ class VisionPrompt:
     placeholder_ids: list[int] | None = None
 
 
-class VLMProcessor(Protocol):
-    """What ``register_vlm_processors`` factories return: ``factory(model_path, *, config)``."""
+@dataclass
+class Video:
+    """A video as a VLM processor takes it: its frames (RGB PIL images, in order) and the
+    frames per second they stand for, which places them in time."""
 
-    def encode(self, prompt: str | list[dict], images: list) -> VisionPrompt:
+    frames: list
+    fps: float
+
+
+class VLMProcessor(Protocol):
+    """What ``register_vlm_processors`` factories return: ``factory(model_path, *, config)``.
+    A processor that takes videos sets ``takes_videos = True``; rows with videos are
+    refused for the others."""
+
+    def encode(self, prompt: str | list[dict], images: list, videos: list[Video] = ()) -> VisionPrompt:
         """Encode ``prompt`` (text, or chat messages whose contents are text; ``<image>``
-        marks each image in order) with ``images`` (PIL images). Raise ``ValueError``
-        naming what is wrong; the caller adds the row."""
+        and ``<video>`` mark each image and video in order) with ``images`` (PIL images)
+        and ``videos``. Raise ``ValueError`` naming what is wrong; the caller adds the row."""
         ...
 
 
 class ImageError(ValueError):
-    """An image could not be read; the message names the image."""
+    """An image, video or frame could not be read; the message names it."""
 
 
-class ImagesOnDemand:
-    """A prompt's model inputs kept as its images' file bytes, the tensors made again by its
-    processor whenever a batch takes them: a dataset's patch tensors would not fit in
-    memory (a 1024x768 image is 1000 patches of 1176 floats, 4.7 MB). It pickles with its
-    processor, once per message for all the prompts that share it. An engine that
-    processes images itself takes ``images()`` and ``placeholder_ids`` instead."""
+@dataclass
+class StoredVideo:
+    """A prompt's video as it waits for a batch: its frames' file bytes (and
+    ``data.video_fps``), or the video file it is decoded from again, at ``fps``."""
+
+    frames: list[bytes] | None
+    file: str | None
+    fps: float
+
+    def load(self, processor: VLMProcessor) -> Video:
+        if self.file is not None:
+            return processor.fetch_video(self.file, self.fps)
+        return Video([_decode(raw, f"frame {k}") for k, raw in enumerate(self.frames, 1)], self.fps)
+
+
+class MediaOnDemand:
+    """A prompt's model inputs kept as its images' (and videos' frames') file bytes, the
+    tensors made again by its processor whenever a batch takes them: a dataset's patch
+    tensors would not fit in memory (a 1024x768 image is 1000 patches of 1176 floats,
+    4.7 MB). It pickles with its processor, once per message for all the prompts that
+    share it. An engine that processes images itself takes ``images()`` and
+    ``placeholder_ids`` instead."""
 
     def __init__(self, processor: VLMProcessor, prompt: str | list[dict], files: list[bytes], positions: Any,
-                 placeholder_ids: list[int] | None = None):
+                 placeholder_ids: list[int] | None = None, videos: list[StoredVideo] = ()):
         self.processor, self.prompt, self.files, self.positions = processor, prompt, files, positions
-        self.placeholder_ids = placeholder_ids
+        self.placeholder_ids, self.videos = placeholder_ids, list(videos)
 
     def images(self) -> list:
         return [_decode(raw, f"image {i}") for i, raw in enumerate(self.files, 1)]
 
     @property
     def tensors(self) -> dict:
-        return self.processor.encode(self.prompt, self.images()).inputs.tensors
+        videos = [v.load(self.processor) for v in self.videos]
+        return _encode(self.processor, self.prompt, self.images(), videos).inputs.tensors
+
+
+def _encode(processor: VLMProcessor, prompt: str | list[dict], images: list, videos: list[Video]) -> VisionPrompt:
+    """``processor.encode``, which sees ``videos`` only when there are some (a processor
+    that takes none need not know the argument)."""
+    return processor.encode(prompt, images, videos) if videos else processor.encode(prompt, images)
 
 
 # ---------------------------------------------------------------------------
 # reading a row's images
 
 
-def placeholders(prompt: str | list[dict]) -> tuple[str | list[dict], list]:
-    """``prompt`` with chat contents made text (image items become ``<image>``) and, for
-    each placeholder in order, the image an item carries itself (None when the image
-    comes from the image column)."""
+def placeholders(prompt: str | list[dict]) -> tuple[str | list[dict], list, list]:
+    """``prompt`` with chat contents made text (image items become ``<image>``, video items
+    ``<video>``) and, for each image and each video placeholder in order, the source an
+    item carries itself (None when it comes from the row's column)."""
     if isinstance(prompt, str):
-        return prompt, [None] * prompt.count(PLACEHOLDER)
-    messages, inline = [], []
+        return prompt, [None] * prompt.count(PLACEHOLDER), [None] * prompt.count(VIDEO_PLACEHOLDER)
+    messages, images, videos = [], [], []
+
+    def text(value: str) -> str:
+        images.extend([None] * value.count(PLACEHOLDER))
+        videos.extend([None] * value.count(VIDEO_PLACEHOLDER))
+        return value
+
     for message in prompt:
         content = message["content"]
         if isinstance(content, str):
-            inline += [None] * content.count(PLACEHOLDER)
-            messages.append(message)
+            messages.append({**message, "content": text(content)})
             continue
         parts = []
         for item in content:
             if item.get("type") in IMAGE_ITEM_TYPES:
                 parts.append(PLACEHOLDER)
                 source = item.get("image", item.get("image_url"))
-                inline.append(source.get("url") if isinstance(source, dict) and "url" in source else source)
+                images.append(source.get("url") if isinstance(source, dict) and "url" in source else source)
+            elif item.get("type") in VIDEO_ITEM_TYPES:
+                parts.append(VIDEO_PLACEHOLDER)
+                videos.append(item.get("video"))
             else:
-                text = item.get("text", "")
-                inline += [None] * text.count(PLACEHOLDER)
-                parts.append(text)
+                parts.append(text(item.get("text", "")))
         messages.append({**message, "content": "".join(parts)})
-    return messages, inline
+    return messages, images, videos
 
 
-def row_images(row: dict, prompt_key: str, image_key: str) -> tuple[str | list[dict], list]:
-    """The row's prompt with text contents and the image source of each placeholder.
+def row_media(row: dict, prompt_key: str, image_key: str, video_key: str) -> tuple[str | list[dict], list, list]:
+    """The row's prompt with text contents, the image source of each image placeholder
+    and the video source of each video placeholder.
 
-    Raises ``ValueError`` when the number of images differs from the number of
-    placeholders, or the image column is missing where placeholders need it.
+    Raises ``ValueError`` when the number of images (videos) differs from the number of
+    their placeholders, or a column is missing where placeholders need it.
     """
-    prompt, inline = placeholders(row[prompt_key])
-    column = row.get(image_key)
+    prompt, images, videos = placeholders(row[prompt_key])
+    return (prompt, _sources(row, image_key, images, "image", PLACEHOLDER),
+            _sources(row, video_key, videos, "video", VIDEO_PLACEHOLDER))
+
+
+def _sources(row: dict, key: str, inline: list, kind: str, mark: str) -> list:
+    """The source of each placeholder of ``kind``: carried by its item, else the next of
+    the ``key`` column (one source, or a list)."""
+    column = row.get(key)
     if column is None:
         column = []
     elif not isinstance(column, (list, tuple)):
@@ -143,14 +196,17 @@ def row_images(row: dict, prompt_key: str, image_key: str) -> tuple[str | list[d
     wanted = sum(s is None for s in inline)
     if wanted != len(column):
         carried = len(inline) - wanted
-        marks = f"{PLACEHOLDER} or image items" + (f", {carried} carrying their image" if carried else "")
-        where = f"key {image_key!r} holds {_count(len(column), 'image')}"
-        if image_key not in row:
-            where = f"there is no key {image_key!r} (columns: {', '.join(map(str, row))})"
-        raise ValueError(f"the prompt has {_count(len(inline), 'image placeholder')} ({marks}) but {where}; "
-                         f"give one image per placeholder")
+        marks = f"{mark} or {kind} items" + (f", {carried} carrying their {kind}" if carried else "")
+        where = f"key {key!r} holds {_count(len(column), kind)}"
+        if key not in row:
+            where = f"there is no key {key!r} (columns: {', '.join(map(str, row))})"
+        hint = ""
+        if kind == "video" and column and not any(isinstance(c, (list, tuple)) for c in column):
+            hint = " (a video given as frames is a list inside the list: [[frame, ...]])"
+        raise ValueError(f"the prompt has {_count(len(inline), kind + ' placeholder')} ({marks}) but {where}; "
+                         f"give one {kind} per placeholder{hint}")
     sources = iter(column)
-    return prompt, [next(sources) if s is None else s for s in inline]
+    return [next(sources) if s is None else s for s in inline]
 
 
 def _count(n: int, noun: str) -> str:
@@ -205,18 +261,27 @@ def image_file(source: Any, base_dirs: list[Path], fetch=None) -> tuple[bytes, s
         if ";base64" not in header:
             raise ImageError(f"image {describe(source)}: a data: URI must be base64-encoded")
         return _b64(payload, source), "the data: URI"
-    path = Path(source).expanduser()
-    candidates = [path] if path.is_absolute() else [d / source for d in base_dirs] + [path]
-    for path in candidates:
-        if path.is_file():
-            try:
-                return path.read_bytes(), repr(str(path))
-            except OSError as e:
-                raise ImageError(f"image {str(path)!r} could not be read: {e}") from e
+    path = _find(source, base_dirs)
+    if path is not None:
+        try:
+            return path.read_bytes(), repr(str(path))
+        except OSError as e:
+            raise ImageError(f"image {str(path)!r} could not be read: {e}") from e
     if len(source) >= 64 and _BASE64.match(source):
         return _b64(source, source), "base64 text"
-    looked = ", ".join(repr(str(p)) for p in dict.fromkeys(candidates))
+    looked = ", ".join(repr(str(p)) for p in _candidates(source, base_dirs))
     raise ImageError(f"image file {source!r} does not exist (looked for {looked})")
+
+
+def _candidates(source: str, base_dirs: list[Path]) -> list[Path]:
+    """Where a file named ``source`` may be: as given when absolute, else in ``base_dirs``
+    in turn, then in the working folder."""
+    path = Path(source).expanduser()
+    return [path] if path.is_absolute() else list(dict.fromkeys([d / source for d in base_dirs] + [path]))
+
+
+def _find(source: str, base_dirs: list[Path]) -> Path | None:
+    return next((p for p in _candidates(source, base_dirs) if p.is_file()), None)
 
 
 def _png(image) -> bytes:
@@ -266,8 +331,12 @@ class VisionData:
         return self
 
     def _prompt(self, row: dict) -> VisionPrompt:
-        """The row's prompt encoded; its image tensors are made again when a batch uses them."""
-        prompt, sources = row_images(row, self.cfg.prompt_key, self.cfg.image_key)
+        """The row's prompt encoded; its image and video tensors are made again when a batch
+        uses them."""
+        prompt, sources, video_sources = row_media(row, self.cfg.prompt_key, self.cfg.image_key, self.cfg.video_key)
+        if video_sources and not getattr(self.processor, "takes_videos", False):
+            raise ValueError(f"the prompt has {_count(len(video_sources), 'video')}, and this model's VLM processor "
+                             f"({type(self.processor).__name__}) takes none")
         fetch = getattr(self.processor, "fetch_image", None)
         files, images = [], []
         for i, source in enumerate(sources, 1):
@@ -276,16 +345,57 @@ class VisionData:
                 images.append(_decode(*files[-1]))
             except ImageError as e:
                 raise ImageError(f"image {i} of {len(sources)}: {e}") from e
-        encoded = self.processor.encode(prompt, images)
+        stored, videos = [], []
+        for i, source in enumerate(video_sources, 1):
+            try:
+                kept, video = self._video(source)
+            except ImageError as e:
+                raise ImageError(f"video {i} of {len(video_sources)}: {e}") from e
+            stored.append(kept)
+            videos.append(video)
+        encoded = _encode(self.processor, prompt, images, videos)
         limit = min(self.cfg.max_prompt_length, self.cfg.max_length - 1)
         if len(encoded.ids) > limit:
             # a prompt cut from the left would lose image tokens but keep their pixels
             raise ValueError(f"the prompt is {len(encoded.ids)} tokens with its images, over the limit of {limit} "
                              f"(data.max_prompt_length, data.max_length - 1): raise it or lower data.max_pixels")
-        if images:
-            encoded.inputs = ImagesOnDemand(self.processor, prompt, [raw for raw, _ in files], encoded.inputs.positions,
-                                            encoded.placeholder_ids)
+        if images or videos:
+            encoded.inputs = MediaOnDemand(self.processor, prompt, [raw for raw, _ in files], encoded.inputs.positions,
+                                           encoded.placeholder_ids, stored)
         return encoded
+
+    def _video(self, source: Any) -> tuple[StoredVideo, Video]:
+        """A video source read (every frame whole, or the file decoded) and kept; relative
+        paths are looked up beside the data, then in the working folder."""
+        if isinstance(source, (list, tuple)):
+            if not source:
+                raise ImageError("the video has no frames")
+            fetch = getattr(self.processor, "fetch_image", None)
+            files, frames = [], []
+            for k, frame in enumerate(source, 1):
+                try:
+                    files.append(image_file(frame, self.base_dirs, fetch))
+                    frames.append(_decode(*files[-1]))
+                except ImageError as e:
+                    raise ImageError(f"frame {k} of {len(source)}: {e}") from e
+            return StoredVideo([raw for raw, _ in files], None, self.cfg.video_fps), Video(frames, self.cfg.video_fps)
+        if not isinstance(source, str) or not source:
+            raise ImageError(f"a video should be a list of frames or a video file's path, got {describe(source)}")
+        if getattr(self.processor, "fetch_video", None) is None:
+            raise ImageError(f"video {describe(source)} is a file, and this model's VLM processor decodes no video "
+                             f"files: give its frames")
+        path = source
+        if not source.startswith(("http://", "https://")):
+            found = _find(source, self.base_dirs)
+            if found is None:
+                looked = ", ".join(repr(str(p)) for p in _candidates(source, self.base_dirs))
+                raise ImageError(f"video file {source!r} does not exist (looked for {looked})")
+            path = str(found)
+        kept = StoredVideo(None, path, self.cfg.video_fps)
+        try:
+            return kept, kept.load(self.processor)
+        except Exception as e:  # a missing decoder, an unreadable file ...
+            raise ImageError(f"video file {path!r} could not be read: {type(e).__name__}: {e}") from e
 
     def schema(self, schema):
         """``schema`` (an ``rlx.data.Schema``) that lets prompts hold image items and checks
@@ -454,9 +564,9 @@ def copy_processor_files(model_path: str, out: Path) -> None:
             shutil.copyfile(source, out / name)
 
 
-def check_supported(config, spec, engine: str | None = None) -> None:
+def check_supported(config, spec, engine: str | None = None, videos: bool = False) -> None:
     """Refuse, before any model loads, what a run with images cannot do yet (``engine``:
-    the online run's rollout engine)."""
+    the online run's rollout engine; ``videos``: whether its prompts hold any)."""
     problems = []
     if spec.loop == "online" and spec.value_loss:
         problems.append(f"{spec.name} trains a critic (a value model), which takes no images yet; "
@@ -472,6 +582,9 @@ def check_supported(config, spec, engine: str | None = None) -> None:
         reason = why_not_vision(config.model.path)
         if reason:
             problems.append(f"rollout.engine=vllm: {reason}; use rollout.engine=native")
+        if videos:
+            problems.append("rollout.engine=vllm takes prompts with images but not with videos yet; "
+                            "use rollout.engine=native")
     if spec.loop == "online" and config.environment.name:
         problems.append(f"environment {config.environment.name!r}: multi-turn episodes take no images yet")
     if spec.loop == "online" and config.rollout.partial_tokens:

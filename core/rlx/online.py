@@ -268,7 +268,8 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
     if engine_name not in ("native", "vllm"):
         raise RunError(f"rollout engine {engine_name!r} is not one of native, vllm")
     if vision is not None:
-        multimodal.check_supported(config, spec, engine_name)
+        videos = any(getattr(p["inputs"], "videos", None) for p in prompts + eval_prompts)
+        multimodal.check_supported(config, spec, engine_name, videos)
 
     # the roles, placed by the launcher
     samples = a.rollout_batch_size * a.n_samples

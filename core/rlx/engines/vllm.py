@@ -144,7 +144,7 @@ class VLLMEngine:
             torch.set_num_threads(threads)
 
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams, inputs=None) -> list[Completion]:
-        """``inputs``: each prompt's ``rlx.multimodal.ImagesOnDemand`` (or inputs with no
+        """``inputs``: each prompt's ``rlx.multimodal.MediaOnDemand`` (or inputs with no
         tensors, for a prompt without images), as the data gives them."""
         if any(len(p) == 0 for p in prompt_ids):
             raise ValueError("every prompt needs at least one token")
@@ -197,6 +197,8 @@ class VLLMEngine:
             return TokensPrompt(prompt_token_ids=list(ids))
         if not self.vision:
             raise RunError(f"prompt {i} has images, but vLLM runs this model as text-only")
+        if getattr(item, "videos", None):
+            raise RunError(f"prompt {i} has videos, which rlx does not pass to vLLM yet; use rollout.engine=native")
         if getattr(item, "placeholder_ids", None) is None:
             raise RunError(f"prompt {i}: vLLM takes a prompt with images as its images and its ids with one image "
                            f"token per image, and the VLM processor gave no placeholder_ids")

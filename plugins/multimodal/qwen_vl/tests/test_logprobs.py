@@ -1,12 +1,13 @@
 """Rollout and training see the same model: the log-probs the native engine reports while
-sampling with images equal the training forward's over prompt + completion, and both
-equal transformers' own M-RoPE forward (``mm_token_type_ids``), for Qwen2.5-VL and
-Qwen2-VL. Without M-RoPE Qwen2.5-VL silently runs 1-D positions and the numbers move:
+sampling with images and videos equal the training forward's over prompt + completion, and
+both equal transformers' own M-RoPE forward (``mm_token_type_ids``: 1 on image tokens, 2
+on video tokens), for Qwen2.5-VL and Qwen2-VL. Without M-RoPE Qwen2.5-VL silently runs 1-D positions and the numbers move:
 that is what this would catch."""
 
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ from rlx.plugins import get_host
 from rlx.rollout import NativeEngine, SamplingParams
 from rlx.testing import one_thread  # noqa: F401
 from rlx.workers.forward import response_logprobs
+from rlx_qwen_vl.shapes import VIDEO_QUESTION, moving_square
 
 
 def shapes_prompts(model_path, shapes, n):
@@ -31,6 +33,14 @@ def shapes_prompts(model_path, shapes, n):
     rows = [json.loads(line) for line in train["prompts"].read_text().splitlines()[:n]]
     return rows, tokenizer, vision.encode_prompt
 
+
+def video_rows(images: list) -> list[dict]:
+    """A prompt with an image and a video (5 frames: 3 time steps), and one with a video alone."""
+    rng = random.Random(0)
+    return [{"prompt": "<image>" + VIDEO_QUESTION, "images": images, "videos": [moving_square("up", "red", rng, 5)],
+             "label": "up"},
+            {"prompt": VIDEO_QUESTION, "videos": [moving_square("left", "blue", rng, 4)], "label": "left"}]
+
 @pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen2_vl"])
 def test_rollout_training_and_transformers_log_probs_agree(arch, request, shapes):
     tiny_vl = request.getfixturevalue({"qwen2_5_vl": "tiny_vl", "qwen2_vl": "tiny_qwen2_vl"}[arch])
@@ -38,7 +48,9 @@ def test_rollout_training_and_transformers_log_probs_agree(arch, request, shapes
     rows.append({"prompt": "<image>Left, then <image>right: which is red?",
                  "images": rows[0]["images"] + rows[1]["images"], "label": "x"})  # two images, more prompt tokens
     rows.append({"prompt": "What colour is grass?", "label": "green"})  # no image at all
+    rows += video_rows(rows[2]["images"])
     prompts = [encode(r) for r in rows]
+    assert prompts[-2]["inputs"].tensors["video_grid_thw"].tolist() == [[3, 4, 4]]
     model = models.load_causal_lm(ModelConfig(path=tiny_vl), torch.device("cpu"), trainable=False)
 
     n = 2
@@ -58,7 +70,7 @@ def test_rollout_training_and_transformers_log_probs_agree(arch, request, shapes
     torch.testing.assert_close(logp[mask], batch.rollout_logp[mask], atol=2e-5, rtol=0)
 
     # the batch split, shuffled and regrouped (pixel_values by each sample's patches) scores the same
-    order = [7, 2, 9, 0, 5, 3, 8, 1, 6, 4]
+    order = [7, 12, 2, 9, 0, 13, 5, 3, 10, 8, 1, 11, 6, 4]
     with torch.no_grad():
         parts = [response_logprobs(model, part, 1.0)[0] for part in batch.select(order).split(3)]
     torch.testing.assert_close(torch.cat(parts), logp[order], atol=2e-5, rtol=0)
@@ -76,7 +88,8 @@ def test_rollout_training_and_transformers_log_probs_agree(arch, request, shapes
 
     with_images = [(s, c) for s, c in zip(samples, completions) if s["inputs"].tensors]
     for sample, completion in zip(samples, completions):
-        kinds = (torch.tensor([sample["prompt_ids"] + completion.token_ids]) == model.config.image_token_id).int()
+        ids = torch.tensor([sample["prompt_ids"] + completion.token_ids])
+        kinds = (ids == model.config.image_token_id).int() + 2 * (ids == model.config.video_token_id).int()
         assert scores(sample, completion, mm_token_type_ids=kinds) < 2e-5
     if arch == "qwen2_5_vl":
         assert max(scores(s, c) for s, c in with_images) > 1e-3
@@ -92,6 +105,7 @@ def test_the_static_decoder_samples_what_the_plain_loop_does(tiny_vl, shapes, sa
     the same on every axis) and give the plain transformers loop's tokens and log-probs."""
     rows, tokenizer, encode = shapes_prompts(tiny_vl, shapes, 2)
     rows.append({"prompt": "What colour is grass?", "label": "green"})
+    rows += video_rows(rows[0]["images"])
     prompts = [encode(r) for r in rows]
     model = models.load_causal_lm(ModelConfig(path=tiny_vl), torch.device("cpu"), trainable=False)
     engine = NativeEngine(model, tokenizer)

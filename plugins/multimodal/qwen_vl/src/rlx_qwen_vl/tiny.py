@@ -2,13 +2,15 @@
 
 Two decoder layers (hidden 128, head size 32) over a two-block vision tower; the
 tokenizer is rlx's tiny byte-level BPE trained with the shapes task's words and the
-vision tokens. Its image processor keeps images between 56x56 and 112x112 pixels, so a
-56x56 image is 4 image tokens.
+vision tokens. Its image and video processors keep images and video frames between 56x56
+and 112x112 pixels, so a 56x56 image is 4 image tokens and 4 56x56 frames 8 video tokens.
 """
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 
@@ -19,7 +21,7 @@ TEXT = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_att
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 6, 6]})
 VISION = {
     "qwen2_5_vl": dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=128,
-                       fullatt_block_indexes=[1], window_size=56),
+                       fullatt_block_indexes=[1], window_size=56, tokens_per_second=2),  # as the released models
     "qwen2_vl": dict(depth=2, embed_dim=32, mlp_ratio=2, num_heads=2, hidden_size=128),
 }
 
@@ -58,4 +60,8 @@ def make_tiny_qwen_vl(out_dir: str | os.PathLike, *, seed: int = 0, min_pixels: 
                                                pad_token_id=tokenizer.pad_token_id)
     model.save_pretrained(out_dir)
     Qwen2VLImageProcessorPil(min_pixels=min_pixels, max_pixels=max_pixels).save_pretrained(out_dir)
+    # written by hand: transformers' video processor needs torchvision even to save
+    video = {"video_processor_type": "Qwen2VLVideoProcessor", "size": {"shortest_edge": min_pixels,
+             "longest_edge": max_pixels}, "patch_size": 14, "temporal_patch_size": 2, "merge_size": 2}
+    (Path(out_dir) / "video_preprocessor_config.json").write_text(json.dumps(video, indent=2) + "\n")
     return str(out_dir)
