@@ -7,10 +7,13 @@ the same call:
 - log-prob pass: the policy worker's no-grad log-probs over the rollout's batch, tokens/s;
 - GRPO step: ``rlx train --algo grpo`` against TRL's ``GRPOTrainer`` (bf16 weights, no
   gradient checkpointing), each in its own process, with the GPU memory nvidia-smi reports
-  sampled every 0.5 s; ``grpo_sleep`` the same run with ``rollout.sleep=true`` (the
-  engine's cache and graphs freed while the policy trains).
+  sampled every 0.5 s, and the same run in other settings (``ARMS``).
 
-    python benchmarks/single_gpu.py [--parts rollout,grpo,grpo_sleep,trl] [--steps 4] [--out DIR]
+A step's time is what the driver waits for: the rollout (with overlap, only the part not
+hidden behind the last update), the update and the weight sync.
+
+    python benchmarks/single_gpu.py [--parts rollout,grpo,grpo_sleep,grpo_lean,grpo_overlap,grpo_overlap_lean,trl]
+                                    [--steps 4] [--out DIR]
 
 Prints a table and writes ``single_gpu.json`` to ``--out``.
 """
@@ -148,7 +151,7 @@ def rlx_grpo(args: list[str], out: Path, steps: int) -> dict:
         raise SystemExit(f"rlx train failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     rows = [r for r in rows if "time/rollout" in r]
-    step = [r["time/rollout"] + r["time/train"] + r["time/sync"] for r in rows]
+    step = [r["time/rollout_wait"] + r["time/train"] + r["time/sync"] for r in rows]
     return {"step_s": step, "rollout_s": [r["time/rollout"] for r in rows], "train_s": [r["time/train"] for r in rows],
             "logprobs_s": [r.get("time/logprobs") for r in rows],
             "peak_reserved_gib": [r.get("memory/peak_reserved_gib") for r in rows],
@@ -168,6 +171,19 @@ def trl_grpo(model_dir: str, data: Path, steps: int) -> dict:
     return {**found, "median_step_s": statistics.median(found["step_s"][1:]), **memory.summary()}
 
 
+# rlx's GRPO runs besides the default (``grpo``)
+ARMS = {
+    # the engine's cache and graphs freed while the policy trains
+    "grpo_sleep": ["rollout.sleep=true"],
+    # asleep, and compiled layers that recompute elementwise outputs rather than keep them
+    "grpo_lean": ["rollout.sleep=true", "training.compile_memory=0.8"],
+    # the next rollout generated while the policy trains, on the same GPU
+    "grpo_overlap": ["rollout.overlap=true", "algorithm.off_policy_correction=tis"],
+    "grpo_overlap_lean": ["rollout.overlap=true", "algorithm.off_policy_correction=tis",
+                          "training.compile_memory=0.5"],
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--parts", default="rollout,grpo,trl")
@@ -185,9 +201,10 @@ def main() -> None:
             rollout_part(model_dir, data, results)
         if "grpo" in parts:
             results["rlx_grpo"] = rlx_grpo(workload, tmp / "rlx-run", args.steps)
-        if "grpo_sleep" in parts:  # the engine's cache and graphs freed while the policy trains
-            results["rlx_grpo_sleep"] = rlx_grpo([*workload, "--set", "rollout.sleep=true"], tmp / "rlx-sleep",
-                                                 args.steps)
+        for name, settings in ARMS.items():
+            if name in parts:
+                sets = [a for s in settings for a in ("--set", s)]
+                results[f"rlx_{name}"] = rlx_grpo([*workload, *sets], tmp / name, args.steps)
         if "trl" in parts:
             results["trl_grpo"] = trl_grpo(model_dir, data, args.steps)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -197,11 +214,13 @@ def main() -> None:
         r = results["rollout"]
         print(f"rollout: rlx {r['rlx_tokens_per_s']:,.0f} tok/s vs model.generate {r['hf_generate_tokens_per_s']:,.0f} "
               f"({r['ratio_rlx_over_hf']:.2f}x); log-prob pass {results['logprobs']['tokens_per_s']:,.0f} tok/s")
-    if "rlx_grpo" in results and "trl_grpo" in results:
-        a, b = results["rlx_grpo"], results["trl_grpo"]
-        print(f"GRPO step: rlx {a['median_step_s']:.2f} s, TRL {b['median_step_s']:.2f} s "
-              f"({b['median_step_s'] / a['median_step_s']:.2f}x); peak GPU memory rlx {a['peak_gib']:.1f} GiB, "
-              f"TRL {b['peak_gib']:.1f} GiB")
+    if "trl_grpo" in results:
+        b = results["trl_grpo"]
+        for name, a in results.items():
+            if name.startswith("rlx_grpo"):
+                print(f"GRPO step: {name} {a['median_step_s']:.2f} s, TRL {b['median_step_s']:.2f} s "
+                      f"({b['median_step_s'] / a['median_step_s']:.2f}x); peak GPU memory {a['peak_gib']:.1f} GiB, "
+                      f"TRL {b['peak_gib']:.1f} GiB")
 
 
 if __name__ == "__main__":

@@ -92,3 +92,36 @@ def test_corrections_run_and_log(host, demo_policy, tmp_path, name, metric):
     # on one device the engine samples with the trained weights: nothing is clipped or masked
     assert last[metric] == pytest.approx(0.0)
     assert abs(last["correction/rollout_kl"]) < 1e-3
+
+
+@pytest.mark.parametrize("name", ["tis", "icepop", "seq_mask_tis"])
+def test_a_correction_without_the_old_pass_matches_one_with_it(host, tiny_model_dir, name):
+    """One update per rollout: the training forward's detached log-probs stand in for a
+    separate old pass, and the correction weighs tokens by them to the same loss and weights."""
+    spec = host.algorithms.get("grpo")
+    config = resolve(spec, {"model": {"path": tiny_model_dir},
+                            "training": {"batch_size": 4, "micro_batch_size": 2, "lr": 1e-3},
+                            "algorithm": {"rollout_batch_size": 2, "n_samples": 2, "off_policy_correction": name,
+                                          "correction_low": 0.8, "correction_high": 1.2}})
+    g = torch.Generator().manual_seed(0)
+    responses = [torch.randint(5, 60, (n,), generator=g).tolist() for n in (3, 4, 2, 4)]
+    completions = [Completion(i // 2, r, [0.0] * len(r), "", "length") for i, r in enumerate(responses)]
+    results = []
+    for separate in (True, False):
+        torch.manual_seed(0)
+        policy = PolicyWorker(config, host, total_steps=1, micro_steps=2)
+        batch = online.batch_of_completions([[3, 4], [3, 4], [7, 8, 9], [7, 8, 9]], completions, 0,
+                                            [1.0, 0.0, 0.5, 0.2], [0, 0, 1, 1], torch.device("cpu"))
+        # the engine's log-probs: the policy's own, shifted so that some weights leave the band
+        noise = torch.randn(batch.action_mask.shape, generator=torch.Generator().manual_seed(1)) * 0.3
+        batch.rollout_logp = (policy.logprobs(batch) + noise) * batch.action_mask
+        batch.old_logp = policy.logprobs(batch) if separate else None
+        batch.advantages = torch.randn(batch.action_mask.shape, generator=torch.Generator().manual_seed(2))
+        metrics = online.update(batch, LocalGroup("policy", policy), None, config.algorithm, config.training,
+                                beta=0.0, seed=0)
+        results.append((metrics, [p.detach().clone() for p in policy.module().parameters()]))
+    (with_pass, weights_with), (without, weights_without) = results
+    assert without["loss/policy"] == pytest.approx(with_pass["loss/policy"], rel=1e-5)
+    kind = next(k for k in with_pass if k.startswith("correction/") and k != "correction/rollout_kl")
+    assert with_pass[kind] > 0 and without[kind] == pytest.approx(with_pass[kind], rel=1e-5)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(weights_with, weights_without))

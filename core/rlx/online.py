@@ -385,9 +385,10 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
             # 3. old log-probs, reference log-probs, values
             started = time.perf_counter()
             # One update per rollout needs no pass of its own for the old log-probs: the
-            # training forward's, detached, are the same numbers (ratio 1, the same gradient).
+            # training forward's, detached, are the same numbers (ratio 1, the same gradient),
+            # and an off-policy correction weighs each micro-batch's tokens by them there.
             single_update = a.epochs == 1 and t.batch_size >= len(batch)
-            reuse = single_update and reference is None and not a.off_policy_correction
+            reuse = single_update and reference is None
             batch.old_logp = None if reuse else gather(policy.call_split("logprobs", batch))
             batch.ref_logp = gather(reference.call_split("logprobs", batch)) if reference is not None else None
             batch.values = gather(critic.call_split("values", batch)) if critic is not None else None
