@@ -197,18 +197,25 @@ def main() -> None:
         os.environ["RLX_CACHE"] = str(tmp / "cache")
         workload = w1_files(tmp)
         model_dir, data = workload[1], Path(workload[3])
+        args.out.mkdir(parents=True, exist_ok=True)
+
+        def save() -> None:  # after each part, so that a call cut short keeps what it measured
+            (args.out / "single_gpu.json").write_text(json.dumps(results, indent=1))
+
+        if "trl" in parts:  # the baseline first
+            results["trl_grpo"] = trl_grpo(model_dir, data, args.steps)
+            save()
         if "rollout" in parts:
             rollout_part(model_dir, data, results)
+            save()
         if "grpo" in parts:
             results["rlx_grpo"] = rlx_grpo(workload, tmp / "rlx-run", args.steps)
+            save()
         for name, settings in ARMS.items():
             if name in parts:
                 sets = [a for s in settings for a in ("--set", s)]
                 results[f"rlx_{name}"] = rlx_grpo([*workload, *sets], tmp / name, args.steps)
-        if "trl" in parts:
-            results["trl_grpo"] = trl_grpo(model_dir, data, args.steps)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "single_gpu.json").write_text(json.dumps(results, indent=1))
+                save()
     print(json.dumps(results, indent=1))
     if "rollout" in results:
         r = results["rollout"]

@@ -75,6 +75,7 @@ class StaticDecoder:
         self.rows = self.length = self.max_new = 0
         self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self._pool = None
+        self._warmup = None
         # one generator for every graph (a graph replays the generator it was captured with)
         self.generator = torch.Generator(device)
         # Under graphs, the work between the matmuls (norms, rotary embedding, activation,
@@ -173,7 +174,11 @@ class StaticDecoder:
 
     def _capture(self, b: int, span: int, params, generator) -> torch.cuda.CUDAGraph:
         state = [t.clone() for t in (self.token, self.position, self.column, self.step)]
-        stream = torch.cuda.Stream()
+        # one warm-up stream for every capture: each new stream would get a cuBLAS workspace
+        # of its own that lives as long as the process (with rollout.sleep, some every rollout)
+        if self._warmup is None:
+            self._warmup = torch.cuda.Stream(self.device)
+        stream = self._warmup
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):  # warm-up (kernel choice, workspaces) off the graph
             self._forward(b, span, params, torch.Generator(self.device).manual_seed(0))
