@@ -125,3 +125,17 @@ def test_a_correction_without_the_old_pass_matches_one_with_it(host, tiny_model_
     kind = next(k for k in with_pass if k.startswith("correction/") and k != "correction/rollout_kl")
     assert with_pass[kind] > 0 and without[kind] == pytest.approx(with_pass[kind], rel=1e-5)
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(weights_with, weights_without))
+
+
+def test_engines_sleep_by_default_only_beside_the_update_on_its_gpu(host):
+    grpo = host.algorithms.get("grpo")
+    gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
+    auto = resolve(grpo, {}).rollout
+    assert online.engine_sleeps(auto, "local", "native", gpu)
+    assert not online.engine_sleeps(auto, "local", "native", cpu)
+    assert not online.engine_sleeps(auto, "ray", "native", gpu)  # an engine of its own, elsewhere
+    assert not online.engine_sleeps(auto, "local", "vllm", gpu)  # vLLM sleeps only when asked
+    overlapped = resolve(grpo, {"rollout": {"overlap": True}, "algorithm": {"off_policy_correction": "tis"}}).rollout
+    assert not online.engine_sleeps(overlapped, "local", "native", gpu)
+    assert online.engine_sleeps(resolve(grpo, {"rollout": {"sleep": True}}).rollout, "ray", "vllm", cpu)
+    assert not online.engine_sleeps(resolve(grpo, {"rollout": {"sleep": False}}).rollout, "local", "native", gpu)

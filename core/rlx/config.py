@@ -98,7 +98,7 @@ class TrainingConfig:
     compile: Literal["auto", "on", "off"] = opt(
         "auto", "torch.compile each decoder layer; auto: on CUDA with the plain backend, no LoRA and no gradient checkpointing")
     compile_memory: float = opt(
-        1.0, "compiled layers keep at most this fraction of the activations they would keep for the backward pass, "
+        0.8, "compiled layers keep at most this fraction of the activations they would keep for the backward pass, "
              "recomputing the rest (the elementwise work first); 1: what the compiler picks")
     epochs: int = opt(1, "passes over the data: training rows (offline) or prompts (online); max_steps wins when set")
     max_steps: int = opt(0, "stop after this many optimizer steps (0: run all epochs)")
@@ -143,8 +143,10 @@ class RolloutConfig:
     tensor_parallel_size: int = opt(1, "vllm: devices each engine shards the model over")
     gpu_memory_utilization: float = opt(0.5, "vllm: share of its GPU's memory an engine may take (weights + KV cache)")
     enable_prefix_caching: bool = opt(True, "vllm: reuse the KV cache of shared prompt prefixes (reset after each sync)")
-    sleep: bool = opt(False, "free the rollout engines' memory while the policy trains: vLLM's on GPUs (no sleep mode "
-                             "on CPUs), the native engine's KV cache and CUDA graphs")
+    sleep: bool | Literal["auto"] = opt(
+        "auto", "free the rollout engines' memory while the policy trains: vLLM's on GPUs (no sleep mode on CPUs), "
+                "the native engine's KV cache and CUDA graphs; auto: when the native engine samples on the trainer's "
+                "GPU with its module (the local launcher, no overlap)")
     overlap: bool = opt(False, "generate the next step's rollout while the policy trains on this one's (needs "
                                "algorithm.off_policy_correction: samples come from an earlier policy)")
     max_staleness: int = opt(1, "with overlap: the most policy updates a sample's weights (its oldest token's) "
@@ -521,7 +523,7 @@ def validate(config: RunConfig) -> None:
     if r.overlap:
         if r.max_staleness < 1:
             raise ConfigError("rollout.max_staleness must be at least 1 with rollout.overlap")
-        if r.sleep:
+        if r.sleep is True:
             raise ConfigError("rollout.overlap and rollout.sleep exclude each other: an overlapped engine "
                               "generates while the policy trains")
         if not getattr(config.algorithm, "off_policy_correction", "x"):

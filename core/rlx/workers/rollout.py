@@ -40,7 +40,7 @@ class RolloutWorker:
             model.path, seed=config.training.seed + engine_index, dtype=dtype.removeprefix("torch."),
             max_model_len=config.data.max_prompt_length + r.max_new_tokens,
             tensor_parallel_size=r.tensor_parallel_size, gpu_memory_utilization=r.gpu_memory_utilization,
-            enable_prefix_caching=r.enable_prefix_caching, enable_sleep_mode=r.sleep,
+            enable_prefix_caching=r.enable_prefix_caching, enable_sleep_mode=r.sleep is True,
             eos_ids=eos_ids(model.path, tokenizer), threads=config.training.threads or 1))
 
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams, inputs=None) -> list[Completion]:
