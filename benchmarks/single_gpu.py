@@ -12,7 +12,7 @@ the same call:
 A step's time is what the driver waits for: the rollout (with overlap, only the part not
 hidden behind the last update), the update and the weight sync.
 
-    python benchmarks/single_gpu.py [--parts rollout,grpo,grpo_sleep,grpo_lean,grpo_overlap,grpo_overlap_lean,trl]
+    python benchmarks/single_gpu.py [--parts rollout,grpo,grpo_awake,grpo_sleep,grpo_lean,grpo_overlap,grpo_overlap_lean,trl]
                                     [--steps 4] [--out DIR]
 
 Prints a table and writes ``single_gpu.json`` to ``--out``.
@@ -171,14 +171,18 @@ def trl_grpo(model_dir: str, data: Path, steps: int) -> dict:
     return {**found, "median_step_s": statistics.median(found["step_s"][1:]), **memory.summary()}
 
 
-# rlx's GRPO runs besides the default (``grpo``)
+# rlx's GRPO runs besides the defaults (``grpo``), each setting named so that an arm measures
+# the same run whatever the defaults become
 ARMS = {
+    # the engine's cache and graphs kept through the update (the default before rollout.sleep=auto)
+    "grpo_awake": ["rollout.sleep=false", "training.compile_memory=1"],
     # the engine's cache and graphs freed while the policy trains
-    "grpo_sleep": ["rollout.sleep=true"],
-    # asleep, and compiled layers that recompute elementwise outputs rather than keep them
+    "grpo_sleep": ["rollout.sleep=true", "training.compile_memory=1"],
+    # asleep, and compiled layers that recompute elementwise outputs rather than keep them:
+    # the defaults on one GPU
     "grpo_lean": ["rollout.sleep=true", "training.compile_memory=0.8"],
     # the next rollout generated while the policy trains, on the same GPU
-    "grpo_overlap": ["rollout.overlap=true", "algorithm.off_policy_correction=tis"],
+    "grpo_overlap": ["rollout.overlap=true", "algorithm.off_policy_correction=tis", "training.compile_memory=1"],
     "grpo_overlap_lean": ["rollout.overlap=true", "algorithm.off_policy_correction=tis",
                           "training.compile_memory=0.5"],
 }
