@@ -107,6 +107,25 @@ def test_remote_run_equals_the_local_run(host, demo_policy, tmp_path, served):
     assert 0 < local[-1]["reward/exact_match"] < 1 and local[-1]["eval/pass@4"] > 0
 
 
+def test_a_remote_reward_scores_a_ray_run_as_the_local_run(host, demo_policy, tmp_path, served):
+    """Under Ray the reward worker is an actor of its own: it calls the server from there."""
+    pytest.importorskip("ray", reason="the Ray launcher needs ray (installed by requirements-dev.txt)")
+    local = grpo_metrics(host, tmp_path / "local", "exact_match")
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+    result = subprocess.run(
+        [sys.executable, "-m", "rlx_cli", "train", "--algo", "grpo", "--launcher", "ray", "--reward", served,
+         "--max-steps", "2", "--output", str(tmp_path / "ray"), "--set", "algorithm.eval_size=8",
+         "--set", "logging.progress=false", "--set", "logging.tensorboard=false"],
+        capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = [json.loads(line) for line in (tmp_path / "ray" / "metrics.jsonl").read_text().splitlines()]
+    kept = lambda row: {k: v for k, v in row.items()  # noqa: E731 - timing, and the engine-trainer rounding
+                        if not k.startswith(("time/", "tokens_per_s", "rollout/logp_diff"))}
+    assert len(rows) == len(local) and local[-1]["reward/exact_match"] > 0
+    for row, want in zip(rows, local):
+        assert kept(row) == pytest.approx(kept(want), rel=1e-5, abs=1e-6)
+
+
 def test_columns_and_metrics_cross_the_wire(in_thread, workdir):
     url = in_thread(f"{workdir / 'my_reward.py'}:score")
     result = build_reward(RewardConfig(functions=[url], remote=RemoteRewardConfig(batch_size=2)), None)(
