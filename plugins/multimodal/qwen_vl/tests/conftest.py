@@ -26,3 +26,23 @@ def shapes(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("shapes")
     return write_dataset(root / "train", 256, seed=0), write_dataset(root / "test", 32, seed=1)
+
+
+@pytest.fixture
+def each_bad_row_fails():
+    """``check(source, schema, path, expected)``: row 1 of ``source`` is good and row k + 2
+    fails alone with the message ``expected[k]`` (a pattern) after the file's path; then,
+    skipping bad rows, every one is skipped. Returns what the skipping pass gives."""
+    from rlx import data
+    from rlx.errors import DataError
+
+    def check(source, schema, path, expected):
+        for index, message in enumerate(expected):
+            one = data.RowSource(source.source, [source.rows[0], source.rows[index + 1]], [1, index + 2], unit="line")
+            with pytest.raises(DataError, match=str(path) + " " + message):
+                data.validate_rows(one, schema, skip_bad=False)
+        good, skipped, errors = data.validate_rows(source, schema, skip_bad=True)
+        assert len(good) == 1 and skipped == len(expected)
+        return good, skipped, errors
+
+    return check

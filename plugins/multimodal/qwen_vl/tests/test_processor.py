@@ -14,7 +14,6 @@ from PIL import Image
 
 from rlx import data, models
 from rlx.config import resolve
-from rlx.errors import DataError
 from rlx.plugins import get_host
 from rlx.testing import one_thread  # noqa: F401
 
@@ -101,7 +100,7 @@ def test_pixel_bounds_set_the_number_of_image_tokens(tiny_vl, tmp_path):
     assert tokens == [16, 4, 25]
 
 
-def test_bad_images_and_counts_name_the_line_and_the_file(tiny_vl, tmp_path):
+def test_bad_images_and_counts_name_the_line_and_the_file(tiny_vl, tmp_path, each_bad_row_fails):
     raw = png()
     (tmp_path / "ok.png").write_bytes(raw)
     (tmp_path / "notes.png").write_text("not a picture")
@@ -132,12 +131,8 @@ def test_bad_images_and_counts_name_the_line_and_the_file(tiny_vl, tmp_path):
         r"line 8: image 1 of 1: an image should be a path, bytes or base64 text, got int",
         r"line 9: image 1 of 1: image 'http://127.0.0.1:9/red.png' could not be fetched",
     ]
-    for index, message in enumerate(expected):
-        one = data.RowSource(source.source, [source.rows[0], source.rows[index + 1]], [1, index + 2], unit="line")
-        with pytest.raises(DataError, match=str(path) + " " + message):
-            data.validate_rows(one, schema, skip_bad=False)
-    good, skipped, errors = data.validate_rows(source, schema, skip_bad=True)
-    assert len(good) == 1 and skipped == len(expected) and len(errors) == 5
+    _, _, errors = each_bad_row_fails(source, schema, path, expected)
+    assert len(errors) == 5
 
 
 def test_a_bad_image_stops_a_run_before_any_model_loads(tiny_vl, tmp_path, monkeypatch):

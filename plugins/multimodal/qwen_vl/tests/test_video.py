@@ -17,7 +17,6 @@ from PIL import Image
 
 from rlx import data, models, multimodal
 from rlx.config import resolve
-from rlx.errors import DataError
 from rlx.plugins import get_host
 from rlx.testing import one_thread  # noqa: F401
 from rlx_qwen_vl.shapes import moving_square
@@ -116,7 +115,7 @@ def test_image_and_video_prompts_encode_with_transformers_rope_index(arch, reque
     assert inputs.positions[0, start:start + 16:4].diff().tolist() == [step] * 3
 
 
-def test_bad_videos_and_counts_name_the_line_the_video_and_the_frame(tiny_vl, tmp_path):
+def test_bad_videos_and_counts_name_the_line_the_video_and_the_frame(tiny_vl, tmp_path, each_bad_row_fails):
     ok = save(frames(), tmp_path, "ok")
     (tmp_path / "notes.png").write_text("not a picture")
     (tmp_path / "clip.mp4").write_bytes(b"\x00" * 64)
@@ -149,12 +148,7 @@ def test_bad_videos_and_counts_name_the_line_the_video_and_the_frame(tiny_vl, tm
         r"line 9: video 1 of 1: video file '.*clip.mp4' could not be read: ",
         r"line 10: video 1 of 1: frame 2 of 2: an image should be a path, bytes or base64 text, got int",
     ]
-    for index, message in enumerate(expected):
-        one = data.RowSource(source.source, [source.rows[0], source.rows[index + 1]], [1, index + 2], unit="line")
-        with pytest.raises(DataError, match=str(path) + " " + message):
-            data.validate_rows(one, schema, skip_bad=False)
-    good, skipped, _ = data.validate_rows(source, schema, skip_bad=True)
-    assert len(good) == 1 and skipped == len(expected)
+    each_bad_row_fails(source, schema, path, expected)
 
 
 def test_video_files_without_qwen_vl_utils_say_what_to_install(tiny_vl, tmp_path):
