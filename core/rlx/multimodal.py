@@ -337,14 +337,7 @@ class VisionData:
         if video_sources and not getattr(self.processor, "takes_videos", False):
             raise ValueError(f"the prompt has {_count(len(video_sources), 'video')}, and this model's VLM processor "
                              f"({type(self.processor).__name__}) takes none")
-        fetch = getattr(self.processor, "fetch_image", None)
-        files, images = [], []
-        for i, source in enumerate(sources, 1):
-            try:
-                files.append(image_file(source, self.base_dirs, fetch))
-                images.append(_decode(*files[-1]))
-            except ImageError as e:
-                raise ImageError(f"image {i} of {len(sources)}: {e}") from e
+        files, images = self._read_images(sources, "image")
         stored, videos = [], []
         for i, source in enumerate(video_sources, 1):
             try:
@@ -364,20 +357,26 @@ class VisionData:
                                            encoded.placeholder_ids, stored)
         return encoded
 
+    def _read_images(self, sources: list, what: str) -> tuple[list, list]:
+        """Each image source read whole: its (file bytes, name) and its decoded image. A bad
+        one is named by ``what`` and its place ("frame 2 of 3")."""
+        fetch = getattr(self.processor, "fetch_image", None)
+        files, images = [], []
+        for i, source in enumerate(sources, 1):
+            try:
+                files.append(image_file(source, self.base_dirs, fetch))
+                images.append(_decode(*files[-1]))
+            except ImageError as e:
+                raise ImageError(f"{what} {i} of {len(sources)}: {e}") from e
+        return files, images
+
     def _video(self, source: Any) -> tuple[StoredVideo, Video]:
         """A video source read (every frame whole, or the file decoded) and kept; relative
         paths are looked up beside the data, then in the working folder."""
         if isinstance(source, (list, tuple)):
             if not source:
                 raise ImageError("the video has no frames")
-            fetch = getattr(self.processor, "fetch_image", None)
-            files, frames = [], []
-            for k, frame in enumerate(source, 1):
-                try:
-                    files.append(image_file(frame, self.base_dirs, fetch))
-                    frames.append(_decode(*files[-1]))
-                except ImageError as e:
-                    raise ImageError(f"frame {k} of {len(source)}: {e}") from e
+            files, frames = self._read_images(source, "frame")
             return StoredVideo([raw for raw, _ in files], None, self.cfg.video_fps), Video(frames, self.cfg.video_fps)
         if not isinstance(source, str) or not source:
             raise ImageError(f"a video should be a list of frames or a video file's path, got {describe(source)}")
