@@ -86,6 +86,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
     args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
     cases = []
     for shape in args.shapes.split(","):
         with tempfile.TemporaryDirectory() as tmp:
@@ -106,8 +107,8 @@ def main() -> None:
                         **memory.summary()}
                 cases.append(case)
                 print(json.dumps(case), flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "scaling.json").write_text(json.dumps(cases, indent=1))
+                # after each case: a later one may outlast the call
+                (args.out / "scaling.json").write_text(json.dumps(cases, indent=1))
     print("| shape | new tokens | step (s) | rollout tokens/s | peak GiB |\n|---|---|---|---|---|")
     for c in cases:
         print(f"| {c['shape']} | {c['new_tokens']} | {c['median_step_s']:.2f} | {c['generated_tokens_per_s']:,.0f} "
