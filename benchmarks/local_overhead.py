@@ -110,7 +110,8 @@ def run(command: list[str], workload: list[str], env: dict, out: Path, steps: in
 
 
 def step_times(rows: list[dict]) -> list[float]:
-    return [r["time/rollout"] + r["time/train"] + r.get("time/sync", 0.0) for r in rows[1:]]
+    """Each step's wall time after the first (trees before ``time/step``: its parts)."""
+    return [r.get("time/step") or r["time/rollout"] + r["time/train"] + r.get("time/sync", 0.0) for r in rows[1:]]
 
 
 def main() -> None:

@@ -32,15 +32,16 @@ def reference(model, batch, temperature):
 
 @pytest.mark.parametrize("tie", [True, False])
 @pytest.mark.parametrize("entropy_grad", [False, True])  # the hand-written backward, and autograd's replay
-def test_chunked_head_matches_full_logits_and_their_gradients(tie, entropy_grad, monkeypatch):
+@pytest.mark.parametrize("temperature", [0.7, 1.0])  # at 1 the entropy shares the log-probs' normaliser
+def test_chunked_head_matches_full_logits_and_their_gradients(tie, entropy_grad, temperature, monkeypatch):
     monkeypatch.setattr(forward, "_CHUNK_ELEMENTS", 97 * 4)  # chunks of 4 tokens
     model, batch = model_and_batch(tie)
     weights = torch.randn(3, 5)
-    logp, entropy = forward.response_logprobs(model, batch, 0.7, with_entropy=True, entropy_grad=entropy_grad)
+    logp, entropy = forward.response_logprobs(model, batch, temperature, with_entropy=True, entropy_grad=entropy_grad)
     (logp * weights).sum().backward()
     got = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad()
-    want_logp, want_entropy = reference(model, batch, 0.7)
+    want_logp, want_entropy = reference(model, batch, temperature)
     (want_logp * weights).sum().backward()
     assert torch.allclose(logp, want_logp, atol=1e-5)
     assert torch.allclose(entropy, want_entropy.detach(), atol=1e-5)

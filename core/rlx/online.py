@@ -369,7 +369,7 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
         metrics: dict[str, float] = {}
         while step < total:
             # 1-2. rollout and reward (with overlap: made while the last step trained)
-            started = time.perf_counter()
+            started = step_started = time.perf_counter()
             (batch_prompts, completions, rewards, metrics), made_by, rollout_time = ahead.take(step)
             rollout_wait = time.perf_counter() - started
             if sleep:
@@ -460,6 +460,7 @@ def train(config: RunConfig, spec: AlgorithmSpec, host, out: Path, *, resume: bo
                 evaluated = evaluate(eval_prompts, sample, r, a.eval_k, pass_score)
                 metrics.update(evaluated)
                 host.hook.on_eval_end(step=step, metrics=evaluated)
+            metrics["time/step"] = time.perf_counter() - step_started  # all of it, evaluation included
             logger.log(step, metrics)
             if logger.samples_due(step):
                 prompt_texts = [p["prompt_text"] for p in batch_prompts for _ in range(a.n_samples)]

@@ -235,8 +235,9 @@ class NativeEngine(RolloutEngine):
         tokens: list[list[int]] = [[] for _ in range(rows)]
         logprobs: list[list[float]] = [[] for _ in range(rows)]
         active = list(range(rows))  # the rows still in the batch, in batch order
+        draw_rows = None
         for step in range(params.max_new_tokens):
-            token, logprob = sample(logits, params, generator, banned=self.banned)
+            token, logprob = sample(logits, params, generator, banned=self.banned, rows=draw_rows)
             keep = []
             for b, (row, tok, lp) in enumerate(zip(active, token.tolist(), logprob.tolist())):
                 tokens[row].append(tok)
@@ -250,6 +251,7 @@ class NativeEngine(RolloutEngine):
                 cache.batch_select_indices(index)
                 token, attention, next_position = token[index], attention[index], next_position[index]
                 active = [active[b] for b in keep]
+                draw_rows = (torch.tensor(active), rows)
             attention = torch.cat([attention, attention.new_ones(len(active), 1)], dim=1)
             with eager(self.model):
                 out = self.model(input_ids=token[:, None], attention_mask=attention, position_ids=next_position,

@@ -134,14 +134,36 @@ def _logits_grad(logits, lse, labels, grad_logp, temperature: float):
     return ((onehot.float() - torch.exp(logits.float() / temperature - lse[:, None])) * (g / temperature)).to(logits.dtype)
 
 
+def _stats_eager(logits, labels, temperature: float, with_entropy: bool):
+    """``_stats`` from eager kernels that each make one pass (log_softmax, exp), rather
+    than logsumexp's several."""
+    scaled = logits.float() if temperature == 1 else logits.float() / temperature
+    logprobs = scaled.log_softmax(-1)
+    logp = logprobs.gather(-1, labels[:, None]).squeeze(-1)
+    lse = scaled.gather(-1, labels[:, None]).squeeze(-1) - logp
+    if not with_entropy:
+        return logp, lse, lse.new_zeros(0)
+    if temperature != 1:
+        logprobs = logits.float().log_softmax(-1)
+    return logp, lse, -(logprobs.exp() * logprobs).sum(-1)
+
+
+def _logits_grad_eager(logits, lse, labels, grad_logp, temperature: float):
+    """``_logits_grad`` as softmax's one pass and two in-place updates."""
+    g = grad_logp.float() / temperature
+    grad = (logits.float() if temperature == 1 else logits.float() / temperature).softmax(-1).mul_(-g[:, None])
+    return grad.scatter_add_(-1, labels[:, None], g[:, None]).to(logits.dtype)
+
+
 _COMPILED: dict = {}
+_EAGER = {_stats: _stats_eager, _logits_grad: _logits_grad_eager}
 
 
 def _fused(fn, logits: torch.Tensor):
-    """``fn`` compiled on CUDA, where it becomes one pass over the bf16 logits; eager ops
-    elsewhere write a float32 copy of the [tokens, vocab] logits for each step."""
+    """``fn`` compiled on CUDA, where it becomes one pass over the bf16 logits; elsewhere
+    its eager form."""
     if logits.device.type != "cuda":
-        return fn
+        return _EAGER[fn]
     if fn not in _COMPILED:
         _COMPILED[fn] = torch.compile(fn, dynamic=True)
     return _COMPILED[fn]
