@@ -5,6 +5,7 @@ import pytest
 import torch
 import transformers
 
+from rlx import varlen
 from rlx.batch import Batch
 from rlx.workers import forward
 
@@ -74,8 +75,12 @@ def test_compile_layers_follows_the_setting(tiny_model_dir):
     assert compiled("on") == [True, True]
 
 
-def test_packed_pass_matches_the_padded_one_with_left_and_right_padding():
+@pytest.mark.parametrize("attention", ["sdpa", "rlx_varlen"])
+def test_packed_pass_matches_the_padded_one_with_left_and_right_padding(attention):
     model, batch = model_and_batch(False)
+    if attention == "rlx_varlen":  # on the CPU in float32: its padded calls take SDPA, its packed ones go sample by sample
+        varlen.register()
+        model.set_attn_implementation(attention)
     batch.attention_mask[1, :2] = 0  # a shorter prompt, left-padded, beside right-padded responses
     batch.position_ids = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
     weights = torch.randn(3, 5)
@@ -91,3 +96,20 @@ def test_packed_pass_matches_the_padded_one_with_left_and_right_padding():
     assert torch.allclose(packed_entropy, padded_entropy, atol=1e-5)
     for name in padded_grads:
         assert torch.allclose(packed_grads[name], padded_grads[name], atol=1e-5), name
+
+
+def test_packed_kwargs_give_each_samples_bounds():
+    positions = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2, 3]])
+    kwargs = varlen.packed_kwargs(positions)
+    assert kwargs["cu_seq_lens_q"].tolist() == [0, 3, 5, 9] and kwargs["max_length_q"] == 4
+    assert kwargs["cu_seq_lens_k"] is kwargs["cu_seq_lens_q"]
+
+
+def test_auto_picks_the_varlen_kernel_only_for_packed_models_on_cuda(monkeypatch):
+    from rlx import models
+
+    monkeypatch.setattr(models.importlib.util, "find_spec", lambda name: None)  # no flash-attn
+    assert models.attn_implementation("auto", "cpu", packed=True) == "sdpa"
+    monkeypatch.setattr(varlen, "available", lambda device: torch.device(device).type == "cuda")
+    assert models.attn_implementation("auto", "cuda", packed=True) == "rlx_varlen"
+    assert models.attn_implementation("auto", "cuda", packed=False) == "sdpa"

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from rlx.config import ModelConfig
+from rlx import varlen
 from rlx.errors import ModelError
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -50,15 +51,20 @@ def resolve_dtype(name: str, device: torch.device | str) -> torch.dtype:
     return _DTYPES[name]
 
 
-def attn_implementation(name: str, device: torch.device | str | None = None) -> str:
+def attn_implementation(name: str, device: torch.device | str | None = None, packed: bool = False) -> str:
     """``auto`` takes flash-attn when it is installed and the device (by default the
-    GPU when there is one) is CUDA, else SDPA."""
+    GPU when there is one) is CUDA; else, for a model that trains on packed rows on
+    CUDA, torch's own variable-length kernel (``rlx.varlen``); else SDPA."""
     has_flash = importlib.util.find_spec("flash_attn") is not None
     if name == "auto":
-        on_cuda = torch.cuda.is_available() if device is None else torch.device(device).type == "cuda"
-        return "flash_attention_2" if has_flash and on_cuda else "sdpa"
+        device = torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
+        if has_flash and device.type == "cuda":
+            return "flash_attention_2"
+        name = varlen.NAME if packed and varlen.available(device) else "sdpa"
     if name == "flash_attention_2" and not has_flash:
         raise ModelError("model.attn_implementation is flash_attention_2 but flash-attn is not installed")
+    if name == varlen.NAME:
+        varlen.register()
     return name
 
 
@@ -121,14 +127,15 @@ def load_tokenizer(path: str | Path):
     return tokenizer
 
 
-def _from_pretrained(auto_class, cfg: ModelConfig, device: torch.device, path: str | None, **kwargs):
+def _from_pretrained(auto_class, cfg: ModelConfig, device: torch.device, path: str | None, packed: bool = False,
+                     **kwargs):
     source = resolve_path(path or cfg.path)
     _check_model_folder(source)
     try:
         model = auto_class.from_pretrained(
             source,
             dtype=resolve_dtype(cfg.dtype, device),
-            attn_implementation=attn_implementation(cfg.attn_implementation, device),
+            attn_implementation=attn_implementation(cfg.attn_implementation, device, packed),
             trust_remote_code=cfg.trust_remote_code,
             **kwargs,
         )
@@ -167,12 +174,14 @@ def _freeze(model):
     return model.eval()
 
 
-def load_causal_lm(cfg: ModelConfig, device: torch.device, *, path: str | None = None, trainable: bool = True):
+def load_causal_lm(cfg: ModelConfig, device: torch.device, *, path: str | None = None, trainable: bool = True,
+                   packed: bool = False):
     """A causal LM on ``device`` in the configured dtype and attention kernel.
 
     ``path`` overrides ``cfg.path`` (a reference model, say). A trainable model gets
     gradient checkpointing and LoRA as configured; a frozen one is in eval mode with no
-    gradients.
+    gradients. ``packed``: its passes run on packed rows (``training.packing``), which
+    picks the attention kernel for them.
     """
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
@@ -181,7 +190,8 @@ def load_causal_lm(cfg: ModelConfig, device: torch.device, *, path: str | None =
     source = resolve_path(path or cfg.path)
     _check_model_folder(source)
     is_vlm = Path(source).expanduser().is_dir() and model_type(source)[1]
-    model = _from_pretrained(AutoModelForImageTextToText if is_vlm else AutoModelForCausalLM, cfg, device, path)
+    model = _from_pretrained(AutoModelForImageTextToText if is_vlm else AutoModelForCausalLM, cfg, device, path,
+                             packed and not is_vlm)
     if is_vlm and cfg.freeze_vision and trainable:
         vision_tower(model).requires_grad_(False)
     return _prepare_for_training(model, cfg, "CAUSAL_LM") if trainable else _freeze(model)
@@ -332,6 +342,8 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor 
     Entry ``t`` scores ``input_ids[:, t + 1]`` given the tokens up to ``t``. ``inputs``
     go to the model too (a VLM's image tensors).
     """
+    if attention_mask is None and position_ids is not None and len(input_ids) == 1 and not inputs:
+        inputs = varlen.packed_kwargs(position_ids)  # a packed row: its samples' bounds
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                    use_cache=False, **inputs).logits
     return _NextTokenLogprob.apply(logits, input_ids, float(temperature))

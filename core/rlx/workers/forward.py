@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import torch
 
-from rlx import models, ops
+from rlx import models, ops, varlen
 from rlx.batch import Batch
 from rlx.multimodal import model_positions, present
 
@@ -68,14 +68,15 @@ def _packed_states(model, batch: Batch) -> torch.Tensor:
     """The last hidden states that predict each response token, [B, R, H], from one forward
     over the samples' real tokens laid end to end: no compute on padding.
 
-    The model gets the positions, restarting at 0 for each sample, and no attention mask;
-    transformers then keeps attention within each sample (flash-attn's variable-length
-    kernel when installed; otherwise SDPA with a block-diagonal mask, which pays only
-    where padding is a large share of the batch).
+    The model gets the positions, restarting at 0 for each sample, the samples' bounds and
+    no attention mask; attention then stays within each sample (flash-attn's or torch's
+    variable-length kernel on CUDA, ``rlx.varlen``; on the CPU SDPA with a block-diagonal
+    mask, which pays only where padding is a large share of the batch).
     """
     valid = batch.attention_mask.bool()
-    out = model(input_ids=batch.input_ids[valid][None], position_ids=batch.position_ids[valid][None],
-                logits_to_keep=1, output_hidden_states=True, use_cache=False)
+    positions = batch.position_ids[valid][None]
+    out = model(input_ids=batch.input_ids[valid][None], position_ids=positions, logits_to_keep=1,
+                output_hidden_states=True, use_cache=False, **varlen.packed_kwargs(positions))
     # a token's place in the packed row; a response token is predicted from the place before
     place = valid.flatten().cumsum(0).view(valid.shape) - 1
     before = (place[:, batch.prompt_len:] - 1).clamp(min=0)  # padding columns point anywhere valid

@@ -32,9 +32,12 @@ class OfflinePolicyWorker:
         the model into its engine."""
         if self.objective.prepare is not None:
             self.objective.prepare(examples, eval_examples, out, resume, log)
-        load = models.load_value_model if self.spec.head == "value" else models.load_causal_lm
         torch.manual_seed(self.t.seed)  # a new value head starts the same wherever a launcher builds this worker
-        self.engine = make_engine(load(self.config.model, self.device), self.t, total_steps=total_steps,
+        if self.spec.head == "value":
+            model = models.load_value_model(self.config.model, self.device)
+        else:
+            model = models.load_causal_lm(self.config.model, self.device, packed=self.t.packing)
+        self.engine = make_engine(model, self.t, total_steps=total_steps,
                                   micro_steps_per_step=self.t.batch_size // self.t.micro_batch_size)
         self.engine.model.train()
 

@@ -14,7 +14,7 @@ class ReferenceWorker:
         self.temperature, self.micro = config.rollout.temperature, forward_micro_batch(config.training)
         self.packed = config.training.packing
         device = models.resolve_device(config.training.device)
-        self.model = models.load_causal_lm(config.model, device, trainable=False)
+        self.model = models.load_causal_lm(config.model, device, trainable=False, packed=self.packed)
         models.compile_layers(self.model, config.training.compile, config.training.compile_memory)
 
     def logprobs(self, batch: Batch) -> torch.Tensor:

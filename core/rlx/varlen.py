@@ -1,0 +1,111 @@
+"""Attention over packed rows on CUDA without flash-attn installed: ``rlx_varlen``.
+
+A packed row lays several samples end to end, positions restarting at 0 for each.
+transformers keeps attention within each sample either with flash-attn's variable-length
+kernel or, under SDPA, with a dense block-diagonal mask over the whole row: quadratic in
+the row's length, so a micro-batch of 16 W1 samples packed would attend over 16 times the
+pairs it needs. This implementation runs PyTorch's own flash kernel for variable lengths
+(``torch.nn.attention.varlen``) on packed forwards and plain SDPA on every other call, and
+is what ``model.attn_implementation=auto`` picks on CUDA when ``training.packing`` is on
+and flash-attn is not installed.
+
+Packed callers pass ``cu_seq_lens_q`` (``packed_kwargs``), which transformers hands down to
+the attention function; a mask-free row of one sample, or a packed row given without them,
+is found from its positions.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+
+import torch
+
+NAME = "rlx_varlen"
+
+
+def available(device: torch.device | str) -> bool:
+    if torch.device(device).type != "cuda":
+        return False
+    try:
+        from torch.nn.attention import varlen  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def register() -> None:
+    """Make ``rlx_varlen`` an attention implementation transformers can load a model with."""
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import sdpa_mask
+
+    def mask(*args, attention_mask=None, **kwargs):
+        # no padding: causal, or packed (the attention finds the samples); else SDPA's mask
+        return None if attention_mask is None else sdpa_mask(*args, attention_mask=attention_mask, **kwargs)
+
+    AttentionInterface.register(NAME, attention)
+    AttentionMaskInterface.register(NAME, mask)
+
+
+def packed_kwargs(position_ids: torch.Tensor) -> dict:
+    """The sample boundaries of packed rows ``[1, T]`` as transformers' flash kwargs."""
+    starts = (position_ids.flatten() == 0).nonzero().flatten()
+    total = torch.tensor([position_ids.numel()], device=starts.device)
+    cu = torch.cat([starts, total]).int()
+    longest = int((cu[1:] - cu[:-1]).max())
+    return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest}
+
+
+def attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None,
+              cu_seq_lens_q=None, max_length_q=None, position_ids=None, **kwargs):
+    """query [1, H, T, D], key/value [1, H_kv, T, D] -> ([1, T, H, D], None)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    causal = getattr(module, "is_causal", True)
+    if query.shape[0] != 1:  # not a packed row
+        cu_seq_lens_q = None
+    elif cu_seq_lens_q is None and attention_mask is None and causal and query.shape[0] == 1 \
+            and position_ids is not None and query.shape[2] > 1 and query.shape[2] == position_ids.shape[-1]:
+        found = packed_kwargs(position_ids[0] if position_ids.dim() == 3 else position_ids)
+        if len(found["cu_seq_lens_q"]) > 2:
+            cu_seq_lens_q, max_length_q = found["cu_seq_lens_q"], found["max_length_q"]
+    if cu_seq_lens_q is None or not causal or query.dtype not in (torch.float16, torch.bfloat16):
+        if cu_seq_lens_q is not None:  # packed but no flash kernel for it: sample by sample
+            return _by_sample(module, query, key, value, cu_seq_lens_q, dropout, scaling, causal)
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    out = _varlen(query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1),
+                  cu_seq_lens_q.int(), int(max_length_q), scaling)
+    return out[None], None
+
+
+def _varlen(q, k, v, cu, longest: int, scale: float | None):
+    """q [T, H, D], k/v [T, H_kv, D] through torch's variable-length flash kernel, causal.
+    Its signature grew between torch releases: newer ones take ``window_size``, ``scale``
+    and ``enable_gqa``; older ones ``is_causal`` alone, with the default scale and as
+    many key heads as query heads."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    params = inspect.signature(varlen_attn).parameters
+    if "window_size" in params:
+        return varlen_attn(q, k, v, cu, cu, longest, longest, window_size=(-1, 0), scale=scale,
+                           enable_gqa=k.shape[1] != q.shape[1])
+    if scale is not None:
+        q = q * (scale * math.sqrt(q.shape[-1]))
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:
+        k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+    return varlen_attn(q, k, v, cu, cu, longest, longest, is_causal=True)
+
+
+def _by_sample(module, query, key, value, cu, dropout, scaling, causal):
+    """The packed row's samples one at a time through SDPA (float32 on CUDA, say)."""
+    import torch.nn.functional as F
+
+    groups = query.shape[1] // key.shape[1]
+    key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+    bounds = cu.tolist()
+    parts = [F.scaled_dot_product_attention(query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], is_causal=causal,
+                                            dropout_p=dropout if module.training else 0.0, scale=scaling)
+             for s, e in zip(bounds[:-1], bounds[1:])]
+    return torch.cat(parts, 2).transpose(1, 2).contiguous(), None
