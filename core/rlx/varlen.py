@@ -81,21 +81,26 @@ def attention(module, query, key, value, attention_mask, dropout: float = 0.0, s
 
 def _varlen(q, k, v, cu, longest: int, scale: float | None):
     """q [T, H, D], k/v [T, H_kv, D] through torch's variable-length flash kernel, causal.
-    Its signature grew between torch releases: newer ones take ``window_size``, ``scale``
-    and ``enable_gqa``; older ones ``is_causal`` alone, with the default scale and as
-    many key heads as query heads."""
+    Its signature grew between torch releases: ``window_size`` and ``scale`` (2.11) came
+    after ``is_causal``, and ``enable_gqa`` later still; without it, key heads are repeated."""
     from torch.nn.attention.varlen import varlen_attn
 
     params = inspect.signature(varlen_attn).parameters
-    if "window_size" in params:
-        return varlen_attn(q, k, v, cu, cu, longest, longest, window_size=(-1, 0), scale=scale,
-                           enable_gqa=k.shape[1] != q.shape[1])
-    if scale is not None:
-        q = q * (scale * math.sqrt(q.shape[-1]))
     groups = q.shape[1] // k.shape[1]
-    if groups > 1:
+    kwargs = {}
+    if "enable_gqa" in params:
+        kwargs["enable_gqa"] = groups > 1
+    elif groups > 1:
         k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
-    return varlen_attn(q, k, v, cu, cu, longest, longest, is_causal=True)
+    if "scale" in params:
+        kwargs["scale"] = scale
+    elif scale is not None:
+        q = q * (scale * math.sqrt(q.shape[-1]))
+    if "window_size" in params:
+        kwargs["window_size"] = (-1, 0)
+    else:
+        kwargs["is_causal"] = True
+    return varlen_attn(q, k, v, cu, cu, longest, longest, **kwargs)
 
 
 def _by_sample(module, query, key, value, cu, dropout, scaling, causal):
