@@ -30,7 +30,7 @@ def train(host, algo, out, **tree):
 def test_grpo_demo_raises_greedy_accuracy(host, demo_policy, tmp_path, capsys):
     rows = train(host, "grpo", tmp_path / "run", training={"max_steps": 30})
     before, after = rows[0]["eval/greedy_accuracy"], rows[-1]["eval/greedy_accuracy"]
-    # over 11 seeds (benchmarks/learning_seeds.py) the gain was 0.93 to 1.0
+    # over 11 seeds (benchmarks/learning_seeds.py) the gain was 0.88 to 1.0
     assert after - before >= 0.7, (before, after)
     assert "before training: greedy accuracy" in capsys.readouterr().out
     for key in REQUIRED + ["eval/pass@4", "lr", "grad_norm"]:
@@ -45,7 +45,7 @@ def test_algorithm_improves_reward(host, demo_policy, tmp_path, algo):
     steps = [r for r in rows if r["step"] > 0]
     first = sum(r["reward/mean"] for r in steps[:4]) / 4
     last = sum(r["reward/mean"] for r in steps[-8:]) / 8
-    # over 11 seeds (benchmarks/learning_seeds.py) every algorithm gained 0.21 or more
+    # over 11 seeds (benchmarks/learning_seeds.py) every algorithm gained 0.25 or more
     assert last > first + 0.12, (first, last)
     assert all(key in steps[-1] for key in REQUIRED)
     if algo == "ppo":
