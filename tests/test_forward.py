@@ -113,3 +113,14 @@ def test_auto_picks_the_varlen_kernel_only_for_packed_models_on_cuda(monkeypatch
     monkeypatch.setattr(varlen, "available", lambda device: torch.device(device).type == "cuda")
     assert models.attn_implementation("auto", "cuda", packed=True) == "rlx_varlen"
     assert models.attn_implementation("auto", "cuda", packed=False) == "sdpa"
+
+
+def test_rlx_varlen_finds_a_packed_row_from_its_positions_alone():
+    model, _ = model_and_batch(False)
+    varlen.register()
+    model.set_attn_implementation("rlx_varlen")
+    a, b = torch.randint(0, 97, (1, 5)), torch.randint(0, 97, (1, 3))
+    with torch.no_grad():
+        packed = model(input_ids=torch.cat([a, b], 1), position_ids=torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2]])).logits
+        apart = torch.cat([model(input_ids=a).logits, model(input_ids=b).logits], 1)
+    assert torch.allclose(packed, apart, atol=1e-5)

@@ -64,13 +64,13 @@ def attention(module, query, key, value, attention_mask, dropout: float = 0.0, s
     causal = getattr(module, "is_causal", True)
     if query.shape[0] != 1:  # not a packed row
         cu_seq_lens_q = None
-    elif cu_seq_lens_q is None and attention_mask is None and causal and query.shape[0] == 1 \
+    elif cu_seq_lens_q is None and attention_mask is None and causal \
             and position_ids is not None and query.shape[2] > 1 and query.shape[2] == position_ids.shape[-1]:
         found = packed_kwargs(position_ids[0] if position_ids.dim() == 3 else position_ids)
         if len(found["cu_seq_lens_q"]) > 2:
             cu_seq_lens_q, max_length_q = found["cu_seq_lens_q"], found["max_length_q"]
-    if cu_seq_lens_q is None or not causal or query.dtype not in (torch.float16, torch.bfloat16):
-        if cu_seq_lens_q is not None:  # packed but no flash kernel for it: sample by sample
+    if cu_seq_lens_q is None or not causal or dropout or query.dtype not in (torch.float16, torch.bfloat16):
+        if cu_seq_lens_q is not None:  # packed, but not for the flash kernel (float32, dropout): sample by sample
             return _by_sample(module, query, key, value, cu_seq_lens_q, dropout, scaling, causal)
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
