@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from rlx.config import ModelConfig
 from rlx import varlen
+from rlx.config import ModelConfig
 from rlx.errors import ModelError
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

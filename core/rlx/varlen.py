@@ -16,6 +16,7 @@ is found from its positions.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 
@@ -80,12 +81,10 @@ def attention(module, query, key, value, attention_mask, dropout: float = 0.0, s
 
 
 def _varlen(q, k, v, cu, longest: int, scale: float | None):
-    """q [T, H, D], k/v [T, H_kv, D] through torch's variable-length flash kernel, causal.
-    Its signature grew between torch releases: ``window_size`` and ``scale`` (2.11) came
-    after ``is_causal``, and ``enable_gqa`` later still; without it, key heads are repeated."""
+    """q [T, H, D], k/v [T, H_kv, D] through torch's variable-length flash kernel, causal."""
     from torch.nn.attention.varlen import varlen_attn
 
-    params = inspect.signature(varlen_attn).parameters
+    params = _kernel_params()
     groups = q.shape[1] // k.shape[1]
     kwargs = {}
     if "enable_gqa" in params:
@@ -101,6 +100,16 @@ def _varlen(q, k, v, cu, longest: int, scale: float | None):
     else:
         kwargs["is_causal"] = True
     return varlen_attn(q, k, v, cu, cu, longest, longest, **kwargs)
+
+
+@functools.cache
+def _kernel_params() -> frozenset[str]:
+    """The kernel's keyword names, read once: its signature grew between torch releases
+    (``window_size`` and ``scale`` in 2.11 after ``is_causal``; ``enable_gqa`` later still,
+    without which key heads are repeated)."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    return frozenset(inspect.signature(varlen_attn).parameters)
 
 
 def _by_sample(module, query, key, value, cu, dropout, scaling, causal):

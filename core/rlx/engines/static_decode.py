@@ -344,8 +344,8 @@ def sample(logits: torch.Tensor, params, generator: torch.Generator | None,
     On CUDA an unrestricted draw is the exponential race (arg-max of p_i / E_i with
     E_i ~ Exp(1), which picks i with probability p_i): no host sync, so it can sit inside a
     CUDA graph. ``race`` is ``_race``, maybe compiled. Elsewhere a draw is one uniform per
-    row through the cumulative distribution: the race's uniform per row and token took a
-    fifth of a tiny model's CPU rollout. ``rows`` (these rows' places among all the batch's
+    row through the cumulative distribution: the race's uniform per row and token took
+    about a tenth of a tiny model's CPU rollout. ``rows`` (these rows' places among all the batch's
     rows, and how many there are) gives a row the same uniform whichever rows are still
     decoding. Like top-k, ``banned`` ids shape the draw (they never win), not the reported
     log-prob.

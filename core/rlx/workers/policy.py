@@ -24,8 +24,8 @@ class PolicyWorker:
         self.config, self.a, self.t, self.r = config, config.algorithm, config.training, config.rollout
         device = models.resolve_device(self.t.device)
         torch.manual_seed(self.t.seed)  # the same weights wherever a launcher builds this worker
-        self.engine = make_engine(models.load_causal_lm(config.model, device, packed=self.t.packing), self.t, total_steps=total_steps,
-                                  micro_steps_per_step=micro_steps)
+        self.engine = make_engine(models.load_causal_lm(config.model, device, packed=self.t.packing), self.t,
+                                  total_steps=total_steps, micro_steps_per_step=micro_steps)
         self.loss_name = spec.policy_loss
         self.policy_loss = host.get("register_policy_losses", spec.policy_loss)
         name = getattr(self.a, "off_policy_correction", "")
