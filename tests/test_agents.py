@@ -66,6 +66,35 @@ def test_the_endpoint_speaks_the_openai_shape():
         endpoint.close()
 
 
+def test_every_agent_of_a_large_rollout_connects_at_once():
+    """More agents than a listen backlog of 5 calling together: none is reset."""
+    import threading
+
+    from rlx.chat_endpoint import completion_body
+
+    endpoint = ChatEndpoint()
+    answers, errors = [], []
+
+    def call(base):
+        try:
+            answers.append(chat(base, [{"role": "user", "content": "hi"}]))
+        except Exception as e:
+            errors.append(repr(e))
+
+    try:
+        agents = [threading.Thread(target=call, args=(endpoint.open(f"{i:04x}"),)) for i in range(256)]
+        for agent in agents:
+            agent.start()
+        waiting = [endpoint.calls.get(timeout=30) for _ in agents]  # every call arrives
+        for c in waiting:
+            c.answer(200, completion_body("ok", "stop", 1, 1))
+        for agent in agents:
+            agent.join(timeout=30)
+    finally:
+        endpoint.close()
+    assert errors == [] and len(answers) == 256
+
+
 def test_replies_have_the_openai_shape_and_the_run_sampling_settings(engine):
     engine, tokenizer = engine
     seen = {}

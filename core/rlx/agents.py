@@ -160,13 +160,13 @@ class _Rollout:
         try:
             done, _ = await asyncio.wait({task}, timeout=self.settings.timeout)
             if not done:
-                task.cancel()
                 c.failure = c.failure or f"it took longer than agent.timeout={self.settings.timeout:g} s"
             else:
                 c.result = _turn_rewards(task.result())
         except Exception as e:  # a refused call comes first: it is what the agent's error follows from
             c.failure = c.failure or (str(e) if isinstance(e, _Raised) else f"{type(e).__name__}: {e}")
-        finally:
+        finally:  # the rollout stopped early: an agent still playing is dropped, its outcome unheard
+            task.cancel()
             c.finished = True
             self.endpoint.calls.put(None)
 

@@ -136,6 +136,12 @@ def parse_chat(key: str, body: Any) -> ChatCall:
                     _number(body, "temperature"), _number(body, "top_p"), tuple(stop), bool(body.get("logprobs")))
 
 
+class _Server(ThreadingHTTPServer):
+    # every episode's agent may connect at once: past the listen backlog (5 by default) the
+    # kernel resets connections; the kernel caps this at net.core.somaxconn
+    request_queue_size = 4096
+
+
 class ChatEndpoint:
     """The HTTP server, in a thread of its own, until ``close``. ``open(key)`` makes an
     episode's base URL; its chat calls arrive on ``calls`` (a ``queue.Queue``)."""
@@ -146,7 +152,7 @@ class ChatEndpoint:
         self._waiting: set[ChatCall] = set()
         self._lock = threading.Lock()
         self._closed = False
-        self._server = ThreadingHTTPServer((host, 0), self._handler())
+        self._server = _Server((host, 0), self._handler())
         self._server.block_on_close = False  # a client that keeps its connection must not hold up close
         self.url = f"http://{host}:{self._server.server_address[1]}"
         # a short poll: closing waits for it, once per rollout
