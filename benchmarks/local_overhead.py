@@ -99,11 +99,17 @@ def current_tree(tree: Path) -> dict:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
 
 
-def run(command: list[str], workload: list[str], env: dict, out: Path, steps: int) -> list[dict]:
-    result = subprocess.run([*command, "train", "--algo", "grpo", *workload, "--max-steps", str(steps),
-                             "--output", str(out)],
-                            env=env, capture_output=True, text=True, cwd=out.parent)
-    if result.returncode != 0:
+def run(command: list[str], workload: list[str], env: dict, out: Path, steps: int,
+        deadline: float | None = None) -> list[dict]:
+    """The logged steps of a run; past ``deadline`` seconds it is stopped and the steps it
+    logged so far stand."""
+    try:
+        result = subprocess.run([*command, "train", "--algo", "grpo", *workload, "--max-steps", str(steps),
+                                 "--output", str(out)],
+                                env=env, capture_output=True, text=True, cwd=out.parent, timeout=deadline)
+    except subprocess.TimeoutExpired:
+        result = None
+    if result is not None and result.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}")
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return [r for r in rows if "time/rollout" in r]

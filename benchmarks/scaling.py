@@ -9,6 +9,7 @@ gradients, 16 bytes a parameter (122 GB), which leaves no room for the engine's 
 training micro-batch shrinks as responses grow so that activations stay near W1's.
 
     python benchmarks/scaling.py [--shapes 0.5b,1.5b,7b] [--lengths 512,2048] [--steps 3] [--out DIR]
+                                 [--deadline SECONDS]
 
 Writes ``scaling.json`` (every case's step times, rollout and update split, and memory) to
 ``--out`` and prints a table. ``--shapes tiny --lengths 16`` runs the same code on the CPU.
@@ -85,6 +86,7 @@ def main() -> None:
     parser.add_argument("--lengths", default="512,2048")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
+    parser.add_argument("--deadline", type=float, help="seconds a case may run: the steps logged by then stand")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     cases = []
@@ -97,11 +99,14 @@ def main() -> None:
                 command = [sys.executable, "-m", "rlx_cli"]
                 workload = ["--model", str(model_dir), "--data", str(data), *settings(shape, length)]
                 with GpuMemory() as memory:
-                    rows = run(command, workload, dict(os.environ), out, args.steps)
+                    rows = run(command, workload, dict(os.environ), out, args.steps, args.deadline)
+                if not rows:
+                    raise SystemExit(f"{shape}/{length}: no step finished within --deadline {args.deadline:g} s")
                 later = rows[1:] or rows  # the first step compiles and captures
                 step = [r["time/rollout"] + r["time/train"] + r["time/sync"] for r in later]
                 generated = statistics.mean(r["response_length/mean"] for r in later) * PROMPTS * SAMPLES
-                case = {"shape": shape, "new_tokens": length, "median_step_s": statistics.median(step),
+                case = {"shape": shape, "new_tokens": length, "steps": len(rows),
+                        "median_step_s": statistics.median(step),
                         "rollout_s": [r["time/rollout"] for r in rows], "train_s": [r["time/train"] for r in rows],
                         "generated_tokens_per_s": generated / statistics.median(r["time/rollout"] for r in later),
                         **memory.summary()}
