@@ -124,3 +124,76 @@ def test_rlx_varlen_finds_a_packed_row_from_its_positions_alone():
         packed = model(input_ids=torch.cat([a, b], 1), position_ids=torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2]])).logits
         apart = torch.cat([model(input_ids=a).logits, model(input_ids=b).logits], 1)
     assert torch.allclose(packed, apart, atol=1e-5)
+
+
+def grouped_batch(n: int = 3):
+    """Two prompts (one left-padded) with ``n`` samples each, responses of varied lengths."""
+    torch.manual_seed(1)
+    prompts = [torch.randint(0, 97, (5,)), torch.cat([torch.zeros(2, dtype=torch.long), torch.randint(0, 97, (3,))])]
+    prompt_mask = [torch.ones(5, dtype=torch.long), torch.tensor([0, 0, 1, 1, 1])]
+    rows = 2 * n
+    ids = torch.cat([torch.stack([prompts[i // n] for i in range(rows)]), torch.randint(0, 97, (rows, 6))], 1)
+    action = (torch.arange(6) < torch.randint(1, 7, (rows,))[:, None]).float()
+    attention = torch.cat([torch.stack([prompt_mask[i // n] for i in range(rows)]), action.long()], 1)
+    return Batch(input_ids=ids, attention_mask=attention, position_ids=(attention.cumsum(-1) - 1).clamp(min=0),
+                 action_mask=action, prompt_len=5, rewards=torch.zeros(rows),
+                 group_ids=torch.arange(rows) // n)
+
+
+def tokens_seen(model):
+    """A list that gets the number of tokens each forward embeds."""
+    seen = []
+    model.model.embed_tokens.register_forward_hook(lambda module, args, out: seen.append(args[0].numel()))
+    return seen
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_samples_of_a_prompt_run_it_once_with_the_same_logprobs_and_gradients(checkpointing):
+    model, _ = model_and_batch(True)
+    if checkpointing:  # no cache under gradient checkpointing: one forward over prompt and response
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    batch = grouped_batch()
+    seen = tokens_seen(model)
+    weights = torch.randn(6, 6)
+    logp, _ = forward.response_logprobs(model, batch, 0.7)
+    (logp * weights).sum().backward()
+    got = {n: p.grad.clone() for n, p in model.named_parameters()}
+    assert seen == ([6 * 11] if checkpointing else [2 * 5, 6 * 6])  # the two prompts once, then the responses
+    model.zero_grad()
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                   position_ids=batch.position_ids).logits[:, 4:-1].float()
+    want = (logits / 0.7).log_softmax(-1).gather(-1, batch.responses[..., None]).squeeze(-1) * batch.action_mask
+    (want * weights).sum().backward()
+    assert torch.allclose(logp, want, atol=1e-5)
+    for name, p in model.named_parameters():
+        assert torch.allclose(got[name], p.grad, atol=1e-5), name
+
+
+def test_prompts_run_once_only_where_it_pays_and_the_layers_are_eager():
+    model, _ = model_and_batch(True)
+    seen = tokens_seen(model)
+    with torch.no_grad():
+        forward.response_logprobs(model, grouped_batch(n=1), 1.0)  # every prompt distinct
+        assert seen == [2 * 11]
+        seen.clear()
+        for layer in model.model.layers:
+            layer.compile()  # a compiled layer would trace the cache: one forward
+        assert forward._shared_prompts(model, grouped_batch()) is None
+
+
+def test_a_training_step_puts_a_prompts_samples_in_the_same_micro_batch(tiny_model_dir):
+    from rlx.config import resolve
+    from rlx.plugins import build_host
+    from rlx.workers.policy import PolicyWorker
+
+    config = resolve(build_host().algorithms.get("grpo"), {
+        "model": {"path": tiny_model_dir}, "training": {"batch_size": 6, "micro_batch_size": 3},
+        "algorithm": {"rollout_batch_size": 2, "n_samples": 3}})
+    policy = PolicyWorker(config, build_host(), total_steps=10, micro_steps=2)
+    batch = grouped_batch().select([0, 3, 1, 4, 2, 5])  # shuffled: each group split across micro-batches
+    batch.input_ids %= policy.module().config.vocab_size
+    batch.advantages = torch.randn(6, 6) * batch.action_mask
+    seen = tokens_seen(policy.module())
+    policy.train_step(batch, token_count=batch.action_mask.sum().item(), seq_count=6, beta=0.0)
+    assert seen == [5, 3 * 6, 5, 3 * 6]  # each micro-batch: its one prompt, then its three responses

@@ -125,8 +125,9 @@ def test_a_correction_without_the_old_pass_matches_one_with_it(host, tiny_model_
     kind = next(k for k in with_pass if k.startswith("correction/") and k != "correction/rollout_kl")
     assert with_pass[kind] > 0 and without[kind] == pytest.approx(with_pass[kind], rel=1e-5)
     # Adam's first step moves every weight by about lr (1e-3) whatever the gradient's size, so
-    # float rounding in the two passes shows up to ~1e-6; a wrong weighing would move them by ~lr
-    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(weights_with, weights_without))
+    # float rounding in the two passes shows where a gradient is near zero (up to ~2e-5 seen);
+    # a wrong weighing would move them by ~lr
+    assert all(torch.allclose(a, b, atol=1e-4) for a, b in zip(weights_with, weights_without))
 
 
 def test_engines_sleep_by_default_only_beside_the_update_on_its_gpu(host):

@@ -261,6 +261,13 @@ def compile_layers(model, setting: str, memory: float = 1.0) -> None:
         layer.compile()
 
 
+def layers_compiled(model) -> bool:
+    """Whether ``compile_layers`` compiled the model's decoder layers."""
+    module = hf_module(model)
+    base = getattr(module, module.base_model_prefix, module)
+    return any(layer._compiled_call_impl is not None for layer in getattr(base, "layers", None) or [])
+
+
 def hf_module(model):
     """The Hugging Face module inside engine and peft wrappers."""
     model = _unwrap_engine(model)

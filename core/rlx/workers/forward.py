@@ -42,11 +42,14 @@ def response_logprobs(model, batch: Batch, temperature: float, *, with_entropy: 
     The model runs up to its last hidden states; the output head then runs over the action
     tokens only, a chunk at a time, and under autograd each chunk is recomputed in the
     backward pass: the [tokens, vocab] float32 logits never exist whole. ``packed`` runs
-    the samples as one row without their padding (``_packed_states``).
+    the samples as one row without their padding (``_packed_states``); otherwise samples
+    that share a prompt run it once (``_shared_prompt_states``).
     """
     index = batch.action_mask.flatten().nonzero().squeeze(-1)
     if packed and not batch.extra:
         states = _packed_states(model, batch)
+    elif not batch.extra and (shared := _shared_prompts(model, batch)) is not None:
+        states = _shared_prompt_states(model, batch, *shared)
     else:
         response_len = batch.action_mask.shape[1]
         out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
@@ -62,6 +65,53 @@ def response_logprobs(model, batch: Batch, temperature: float, *, with_entropy: 
         return values.new_zeros(shape.numel()).index_put((index,), values).view(shape)
 
     return scatter(logp), scatter(entropy) if with_entropy else None
+
+
+def _shared_prompts(model, batch: Batch) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(one row of each distinct prompt, each row's prompt among them) when a batch's
+    samples share prompts enough to pay (at most half as many prompts as rows, the n samples
+    of a GRPO group), and the model can run its prompts once: text positions, full attention
+    in every layer, its layers eager (a compiled layer would trace the cache), no gradient
+    checkpointing (which turns the cache off), not ZeRO-3. None otherwise."""
+    module = models.hf_module(model)
+    # under ZeRO-3 every forward gathers the weights with the other ranks, whose batches
+    # may share less: each rank must run as many forwards
+    zero3 = hasattr(next(module.parameters()), "ds_id")
+    if batch.position_ids is None or batch.position_ids.dim() != 2 or module.is_gradient_checkpointing or zero3 \
+            or models.layers_compiled(model) or any(t != "full_attention" for t in _layer_types(module)):
+        return None
+    p = batch.prompt_len
+    prompts = torch.cat([batch.input_ids[:, :p], batch.attention_mask[:, :p]], 1)
+    unique, inverse = torch.unique(prompts, dim=0, return_inverse=True)
+    if 2 * len(unique) > len(batch):
+        return None
+    rows = torch.arange(len(batch), device=inverse.device)
+    first = torch.full((len(unique),), len(batch), device=inverse.device).scatter_reduce(0, inverse, rows, "amin")
+    return first, inverse
+
+
+def _layer_types(module) -> list[str]:
+    text = module.config.get_text_config()
+    return getattr(text, "layer_types", None) or ["full_attention"]
+
+
+def _shared_prompt_states(model, batch: Batch, first: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
+    """``response_logprobs``'s states with each distinct prompt run once: its keys and
+    values, taken by every sample of it (their gradients add up there), then the responses
+    alone over them. The same numbers as one forward over prompt and response, with the
+    prompt's share of the layers' work divided by the samples per prompt."""
+    p, response_len = batch.prompt_len, batch.action_mask.shape[1]
+    out = model(input_ids=batch.input_ids[first, :p], attention_mask=batch.attention_mask[first, :p],
+                position_ids=batch.position_ids[first, :p], logits_to_keep=1, output_hidden_states=True,
+                use_cache=True)
+    cache = out.past_key_values
+    for layer in cache.layers:
+        layer.keys, layer.values = layer.keys[inverse], layer.values[inverse]
+    rest = model(input_ids=batch.input_ids[:, p:], attention_mask=batch.attention_mask,
+                 position_ids=batch.position_ids[:, p:], past_key_values=cache, logits_to_keep=1,
+                 output_hidden_states=True, use_cache=False)
+    # the prompt's last state predicts the first response token; each response state the next
+    return torch.cat([out.hidden_states[-1][inverse, -1:], rest.hidden_states[-1][:, :response_len - 1]], 1)
 
 
 def _packed_states(model, batch: Batch) -> torch.Tensor:

@@ -63,6 +63,9 @@ class PolicyWorker:
         # metrics stay on the device until the step ends: a host read after every micro-batch
         # would stall the GPU while Python queues the next forward
         totals: dict[str, torch.Tensor] = {}
+        # one optimizer step whatever the micro-batches hold: a prompt's samples go together,
+        # so that each micro-batch runs its prompts once (forward._shared_prompt_states)
+        batch = batch.select(torch.argsort(batch.group_ids.cpu(), stable=True).tolist())
         for index in chunks(len(batch), self.t.micro_batch_size):
             for k, v in self._micro_step(batch.select(index), beta, token_count, agg).items():
                 v = v.detach().float()
