@@ -261,6 +261,20 @@ def compile_layers(model, setting: str, memory: float = 1.0) -> None:
         layer.compile()
 
 
+def full_attention(config) -> bool:
+    """Whether every layer of a model of ``config`` attends over the whole sequence (no
+    sliding window), so that a cache holds every earlier key and value."""
+    text = config.get_text_config()
+    if any(t != "full_attention" for t in getattr(text, "layer_types", None) or []):
+        return False
+    return not (text.model_type == "mistral" and getattr(text, "sliding_window", None))
+
+
+def zero3(model) -> bool:
+    """Whether DeepSpeed ZeRO-3 shards ``model``'s weights (each forward gathers them)."""
+    return any(hasattr(p, "ds_id") for p in model.parameters())
+
+
 def layers_compiled(model) -> bool:
     """Whether ``compile_layers`` compiled the model's decoder layers."""
     module = hf_module(model)

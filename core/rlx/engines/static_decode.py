@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from rlx import models
 from rlx.engines import decode_attention
 
 ARCHITECTURES = {"llama", "qwen2", "qwen3", "mistral", "qwen2_vl", "qwen2_5_vl"}
@@ -40,13 +41,8 @@ def supports(model: Any) -> bool:
     config = getattr(model, "config", None)
     if getattr(config, "model_type", None) not in ARCHITECTURES:
         return False
-    config = config.get_text_config()
-    if any(t != "full_attention" for t in getattr(config, "layer_types", None) or []):
-        return False
-    if config.model_type == "mistral" and getattr(config, "sliding_window", None):
-        return False
     # DeepSpeed ZeRO-3 keeps only a shard of each parameter outside its own forward hooks
-    return not any(hasattr(p, "ds_id") for p in model.parameters())
+    return models.full_attention(config) and not models.zero3(model)
 
 
 class StaticDecoder:

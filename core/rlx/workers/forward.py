@@ -76,9 +76,8 @@ def _shared_prompts(model, batch: Batch) -> tuple[torch.Tensor, torch.Tensor] | 
     module = models.hf_module(model)
     # under ZeRO-3 every forward gathers the weights with the other ranks, whose batches
     # may share less: each rank must run as many forwards
-    zero3 = hasattr(next(module.parameters()), "ds_id")
-    if batch.position_ids is None or batch.position_ids.dim() != 2 or module.is_gradient_checkpointing or zero3 \
-            or models.layers_compiled(model) or any(t != "full_attention" for t in _layer_types(module)):
+    if batch.position_ids is None or batch.position_ids.dim() != 2 or module.is_gradient_checkpointing \
+            or models.zero3(module) or models.layers_compiled(model) or not models.full_attention(module.config):
         return None
     p = batch.prompt_len
     prompts = torch.cat([batch.input_ids[:, :p], batch.attention_mask[:, :p]], 1)
@@ -88,11 +87,6 @@ def _shared_prompts(model, batch: Batch) -> tuple[torch.Tensor, torch.Tensor] | 
     rows = torch.arange(len(batch), device=inverse.device)
     first = torch.full((len(unique),), len(batch), device=inverse.device).scatter_reduce(0, inverse, rows, "amin")
     return first, inverse
-
-
-def _layer_types(module) -> list[str]:
-    text = module.config.get_text_config()
-    return getattr(text, "layer_types", None) or ["full_attention"]
 
 
 def _shared_prompt_states(model, batch: Batch, first: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
