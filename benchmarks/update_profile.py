@@ -71,7 +71,7 @@ def main() -> None:
     model_dir = w1_files(Path(tmp))[1]
     host = build_host()
     config = resolve(host.algorithms.get("grpo"), {
-        "model": {"path": model_dir}, "training": {"batch_size": ROWS, "micro_batch_size": 16, "lr": 1e-6, "compile": "off"},
+        "model": {"path": model_dir}, "training": {"batch_size": ROWS, "micro_batch_size": 16, "lr": 1e-6, "compile": False},
         "algorithm": {"rollout_batch_size": 64, "n_samples": 8}, "rollout": {"max_new_tokens": RESPONSE_LEN}})
     policy = PolicyWorker(config, host, total_steps=100, micro_steps=ROWS // 16)
     n_params = sum(p.numel() for p in policy.module().parameters())

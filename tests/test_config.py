@@ -135,3 +135,26 @@ def test_without_demo_data_the_demo_is_rlxs_default_data():
     assert resolve(SPEC, {}).training.lr == 3e-4
     assert resolve(SPEC, tree(f"data.path={DataConfig().path}")).training.lr == 3e-4
     assert resolve(SPEC, tree("data.path=builtin:copy")).training.lr == TrainingConfig().lr
+
+
+def test_every_choice_can_be_written_on_the_command_line_and_in_yaml():
+    """YAML reads on/off/yes/no as booleans, so a choice spelled so could never be set."""
+    import dataclasses
+    import typing
+
+    import yaml
+
+    def choices(tp):
+        if typing.get_origin(tp) is typing.Literal:
+            yield from typing.get_args(tp)
+        for arg in typing.get_args(tp):
+            yield from choices(arg)
+        if dataclasses.is_dataclass(tp):
+            for f in dataclasses.fields(tp):
+                yield from choices(typing.get_type_hints(tp)[f.name])
+
+    found = list(choices(RunConfig))
+    assert "auto" in found and "deepspeed" in found
+    assert [c for c in found if yaml.safe_load(str(c)) != c] == []
+    assert resolve(SPEC, tree("training.compile=on")).training.compile is True
+    assert resolve(SPEC, tree("training.compile=auto")).training.compile == "auto"

@@ -71,8 +71,8 @@ def test_compile_layers_follows_the_setting(tiny_model_dir):
         return [layer._compiled_call_impl is not None for layer in model.model.layers]
 
     assert compiled("auto") == [False, False]  # auto compiles on CUDA only
-    assert compiled("off") == [False, False]
-    assert compiled("on") == [True, True]
+    assert compiled(False) == [False, False]
+    assert compiled(True) == [True, True]
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "rlx_varlen"])

@@ -96,7 +96,7 @@ class TrainingConfig:
     batch_size: int = opt(32, "samples per optimizer step (the train batch)")
     micro_batch_size: int = opt(8, "samples per forward/backward pass; never changes the result")
     forward_micro_batch_size: int = opt(0, "samples per no-grad forward (log-probs, values); 0: 4 x micro_batch_size")
-    compile: Literal["auto", "on", "off"] = opt(
+    compile: bool | Literal["auto"] = opt(
         "auto", "torch.compile each decoder layer; auto: on CUDA with the plain backend, no LoRA and no gradient checkpointing")
     compile_memory: float = opt(
         0.8, "compiled layers keep at most this fraction of the activations they would keep for the backward pass, "

@@ -234,7 +234,7 @@ def _unwrap_engine(model):
     return model
 
 
-def compile_layers(model, setting: str, memory: float = 1.0) -> None:
+def compile_layers(model, setting: bool | str, memory: float = 1.0) -> None:
     """torch.compile each decoder layer when ``setting`` (``training.compile``) says so.
 
     Regional compilation: the layers share one compiled graph, built in seconds, which
@@ -251,7 +251,7 @@ def compile_layers(model, setting: str, memory: float = 1.0) -> None:
     module = hf_module(model)
     device = next(module.parameters()).device
     lora = hasattr(_unwrap_engine(model), "peft_config")
-    if setting == "off" or (setting == "auto" and (device.type != "cuda" or module.is_gradient_checkpointing or lora)):
+    if setting is False or (setting == "auto" and (device.type != "cuda" or module.is_gradient_checkpointing or lora)):
         return
     import torch._functorch.config
 
