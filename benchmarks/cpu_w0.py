@@ -4,7 +4,11 @@ completion 64 tokens long in TRL (min_new_tokens) and as long as it runs in rlx 
 response length is printed). Each runs in its own process, rounds alternating; the first
 step of a run is warm-up and left out.
 
-    python benchmarks/cpu_w0.py [--rounds 2] [--steps 5] [--trl-python PYTHON]
+    python benchmarks/cpu_w0.py [--rounds 2] [--steps 5] [--trl-python PYTHON] [--trl-kept-memory]
+
+``--trl-kept-memory`` also runs TRL with glibc's allocator set as rlx sets it for itself
+(``rlx.host_memory``: freed blocks of up to 32 MiB kept for reuse), through glibc's
+environment variables, and reports that as a third figure.
 
 ``--trl-python`` is an interpreter that has trl installed (it is not one of rlx's
 requirements), e.g. a venv made with ``--system-site-packages`` and ``pip install trl``.
@@ -25,12 +29,15 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from local_overhead import W0, run, step_times  # noqa: E402
 
+from rlx.host_memory import KEEP, TRIM  # noqa: E402
+
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--trl-python", default=sys.executable)
+    parser.add_argument("--trl-kept-memory", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -42,21 +49,32 @@ def main() -> None:
         code = ("import json; from rlx.tasks import TASKS, prompt_rows; rows = prompt_rows(TASKS['arithmetic'], 64); "
                 f"open({str(data)!r}, 'w').write(''.join(json.dumps({{'prompt': r['prompt']}}) + '\\n' for r in rows))")
         subprocess.run([sys.executable, "-c", code], env=env, check=True)
-        rlx_times, trl_times, lengths = [], [], []
-        for i in range(args.rounds):
-            rows = run([sys.executable, "-m", "rlx_cli"], W0, env, tmp / f"rlx{i}", args.steps)
-            rlx_times += step_times(rows)
-            lengths += [r["response_length/mean"] for r in rows]
-            result = tmp / f"trl{i}.json"
+        kept = {"MALLOC_MMAP_THRESHOLD_": str(KEEP), "MALLOC_TRIM_THRESHOLD_": str(TRIM)}
+        rlx_times, trl_times, trl_kept_times, lengths = [], [], [], []
+
+        def trl(name: str, env: dict) -> list[float]:
+            result = tmp / f"{name}.json"
             subprocess.run([args.trl_python, str(HERE / "trl_grpo.py"), "--model", model, "--data", str(data),
                             "--steps", str(args.steps), "--prompts", "32", "--samples", "8", "--new-tokens", "64",
                             "--micro-batch", "64", "--prompt-tokens", "64", "--json", str(result)],
                            env=env, check=True, capture_output=True)
-            trl_times += json.loads(result.read_text())["step_s"][1:]
+            return json.loads(result.read_text())["step_s"][1:]
+
+        for i in range(args.rounds):
+            rows = run([sys.executable, "-m", "rlx_cli"], W0, env, tmp / f"rlx{i}", args.steps)
+            rlx_times += step_times(rows)
+            lengths += [r["response_length/mean"] for r in rows]
+            trl_times += trl(f"trl{i}", env)
+            if args.trl_kept_memory:
+                trl_kept_times += trl(f"trl_kept{i}", {**env, **kept})
     rlx, trl = statistics.median(rlx_times), statistics.median(trl_times)
     print(f"W0 GRPO step on {os.cpu_count()} CPU cores, median of {len(rlx_times)} steps: rlx {rlx:.3f} s "
           f"(mean response {statistics.mean(lengths):.1f} tokens), TRL {trl:.3f} s (64 tokens); TRL/rlx {trl / rlx:.2f}x")
     print(f"ranges: rlx {min(rlx_times):.3f}-{max(rlx_times):.3f} s, TRL {min(trl_times):.3f}-{max(trl_times):.3f} s")
+    if trl_kept_times:
+        kept_trl = statistics.median(trl_kept_times)
+        print(f"TRL with freed memory kept as rlx keeps it: {kept_trl:.3f} s ({min(trl_kept_times):.3f}-"
+              f"{max(trl_kept_times):.3f} s); TRL/rlx {kept_trl / rlx:.2f}x")
 
 
 if __name__ == "__main__":

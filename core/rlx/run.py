@@ -11,6 +11,7 @@ import yaml
 
 from rlx.config import RunConfig, to_dict
 from rlx.errors import ModelError, RlxError, RunError
+from rlx.host_memory import keep_freed_memory
 
 
 def _rank() -> int:
@@ -81,6 +82,7 @@ def run(config: RunConfig, host, *, resume: bool = False) -> dict[str, float]:
     else:
         from rlx import online as loop
 
+    keep_freed_memory()
     if config.training.threads:
         import torch
 

@@ -18,6 +18,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from rlx.errors import RunError
+from rlx.host_memory import keep_freed_memory
 
 
 def _import_ray():
@@ -34,6 +35,7 @@ class _Hosted:
     def __init__(self, cwd: str, threads: int, env: dict, cls: type, args: tuple, kwargs: dict):
         os.chdir(cwd)
         os.environ.update(env)  # a rank of a group: torch.distributed's rendezvous
+        keep_freed_memory()
         if threads:
             import torch
 
