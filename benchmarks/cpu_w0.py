@@ -25,11 +25,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from rlx.host_memory import KEEP, TRIM
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from local_overhead import W0, run, step_times  # noqa: E402
-
-from rlx.host_memory import KEEP, TRIM  # noqa: E402
 
 
 def main() -> None:

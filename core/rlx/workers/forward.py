@@ -57,12 +57,12 @@ def response_logprobs(model, batch: Batch, temperature: float, *, with_entropy: 
                     use_cache=False, **present(batch.extra))
         states = out.hidden_states[-1][:, -(response_len + 1):-1]  # the states that predict each response token
     head = models.hf_module(model).get_output_embeddings()
-    logp, entropy = _head_logprobs(head, states.flatten(0, 1)[index], batch.responses.flatten()[index], temperature,
-                                   with_entropy, entropy_grad)
+    hidden, labels = states.flatten(0, 1).index_select(0, index), batch.responses.flatten()[index]
+    logp, entropy = _head_logprobs(head, hidden, labels, temperature, with_entropy, entropy_grad)
     shape = batch.action_mask.shape
 
     def scatter(values):
-        return values.new_zeros(shape.numel()).index_put((index,), values).view(shape)
+        return values.new_zeros(shape.numel()).index_copy(0, index, values).view(shape)
 
     return scatter(logp), scatter(entropy) if with_entropy else None
 
@@ -100,12 +100,13 @@ def _shared_prompt_states(model, batch: Batch, first: torch.Tensor, inverse: tor
                 use_cache=True)
     cache = out.past_key_values
     for layer in cache.layers:
-        layer.keys, layer.values = layer.keys[inverse], layer.values[inverse]
+        layer.keys, layer.values = layer.keys.index_select(0, inverse), layer.values.index_select(0, inverse)
     rest = model(input_ids=batch.input_ids[:, p:], attention_mask=batch.attention_mask,
                  position_ids=batch.position_ids[:, p:], past_key_values=cache, logits_to_keep=1,
                  output_hidden_states=True, use_cache=False)
     # the prompt's last state predicts the first response token; each response state the next
-    return torch.cat([out.hidden_states[-1][inverse, -1:], rest.hidden_states[-1][:, :response_len - 1]], 1)
+    return torch.cat([out.hidden_states[-1][:, -1:].index_select(0, inverse), rest.hidden_states[-1][:, :response_len - 1]],
+                     1)
 
 
 def _packed_states(model, batch: Batch) -> torch.Tensor:
