@@ -105,8 +105,8 @@ def _shared_prompt_states(model, batch: Batch, first: torch.Tensor, inverse: tor
                  position_ids=batch.position_ids[:, p:], past_key_values=cache, logits_to_keep=1,
                  output_hidden_states=True, use_cache=False)
     # the prompt's last state predicts the first response token; each response state the next
-    return torch.cat([out.hidden_states[-1][:, -1:].index_select(0, inverse), rest.hidden_states[-1][:, :response_len - 1]],
-                     1)
+    first_state = out.hidden_states[-1][:, -1:].index_select(0, inverse)
+    return torch.cat([first_state, rest.hidden_states[-1][:, :response_len - 1]], 1)
 
 
 def _packed_states(model, batch: Batch) -> torch.Tensor:
