@@ -35,3 +35,21 @@ def test_kernel_matches_sdpa_under_the_interpreter():
     assert result.returncode == 0, result.stderr[-3000:]
     diffs = json.loads(result.stdout.strip().splitlines()[-1])
     assert len(diffs) == 3 and max(diffs) < 1e-5, diffs
+
+
+def test_the_kernel_compiles_for_an_h200():
+    """The interpreter runs the kernel's Python; this lowers it to H200 machine code (sm_90)
+    for W1's shape, which catches what only the compiler rejects."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, compile
+
+    from rlx.engines.decode_attention import _decode
+
+    signature = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "Valid": "*i1", "Column": "*i64", "Out": "*bf16",
+                 "scale": "fp32", "span": "i32",
+                 **{name: "i32" for name in ("sqb", "sqh", "sqg", "skb", "skh", "skn", "svb", "svh", "svn", "smb",
+                                             "sob", "soh", "sog")},
+                 **{name: "constexpr" for name in ("GROUPS", "GROUPS_PAD", "D", "BLOCK")}}
+    source = ASTSource(fn=_decode, signature=signature, constexprs={"GROUPS": 7, "GROUPS_PAD": 16, "D": 64, "BLOCK": 64})
+    kernel = compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 2, "num_stages": 2})
+    assert kernel.asm["cubin"]

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from rlx import models
-from rlx.engines import decode_attention
+from rlx.engines import decode_attention, race
 
 ARCHITECTURES = {"llama", "qwen2", "qwen3", "mistral", "qwen2_vl", "qwen2_5_vl"}
 
@@ -76,10 +76,9 @@ class StaticDecoder:
         # one generator for every graph (a graph replays the generator it was captured with)
         self.generator = torch.Generator(device)
         # Under graphs, the work between the matmuls (norms, rotary embedding, activation,
-        # residual adds, the sampling race) runs compiled: fewer, fused kernels per step.
+        # residual adds) runs compiled: fewer, fused kernels per step.
         fuse = torch.compile if self.graphs else (lambda fn, **_: fn)
         self._qkv, self._mlp = fuse(_qkv), fuse(_mlp)
-        self._race = fuse(_race)
         self.triton_attention = self.graphs and decode_attention.supported(self.head_dim, self.groups, device)
 
     # -- buffers ------------------------------------------------------------------------
@@ -136,7 +135,7 @@ class StaticDecoder:
             q, k, v = self._qkv(layer, x, cos, sin, self.rope)
             x = self._mlp(layer, x, self._attention(i, q, k, v, mask, b, span))
         logits = self.head(self.decoder.norm(x)[:, 0])
-        token, logprob = sample(logits, params, generator, self._race, self.banned, self._draw_rows)
+        token, logprob = sample(logits, params, generator, self.banned, self._draw_rows)
         self.out_tokens[:b].index_copy_(1, self.step, token[:, None])
         self.out_logprobs[:b].index_copy_(1, self.step, logprob[:, None])
         self.token[:b].copy_(token)
@@ -321,37 +320,24 @@ def _mlp(layer, x, attended):
     return x + layer.mlp(layer.post_attention_layernorm(x))
 
 
-def _race(logits, uniform, temperature: float, banned=None):
-    """The exponential race in log space over softmax(logits / T) (E = −log U, so the race
-    is the arg-max of z / T − log(−log U)), and the winner's log-prob."""
-    scaled = logits.float() / temperature
-    keys = scaled - torch.log(-torch.log(uniform))
-    if banned is not None:
-        keys = keys.index_fill(-1, banned, float("-inf"))
-    token = keys.argmax(-1)
-    return token, scaled.gather(-1, token[:, None]).squeeze(-1) - scaled.logsumexp(-1)
-
-
-def sample(logits: torch.Tensor, params, generator: torch.Generator | None,
-           race=_race, banned: torch.Tensor | None = None,
+def sample(logits: torch.Tensor, params, generator: torch.Generator | None, banned: torch.Tensor | None = None,
            rows: tuple[torch.Tensor, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Next token of each row and its log-prob under softmax(logits / T), before top-k/top-p.
 
-    On CUDA an unrestricted draw is the exponential race (arg-max of p_i / E_i with
-    E_i ~ Exp(1), which picks i with probability p_i): no host sync, so it can sit inside a
-    CUDA graph. ``race`` is ``_race``, maybe compiled. Elsewhere a draw is one uniform per
-    row through the cumulative distribution: the race's uniform per row and token took
-    about a tenth of a tiny model's CPU rollout. ``rows`` (these rows' places among all the batch's
-    rows, and how many there are) gives a row the same uniform whichever rows are still
-    decoding. Like top-k, ``banned`` ids shape the draw (they never win), not the reported
-    log-prob.
+    On CUDA a draw is the exponential race (arg-max of p_i / E_i with E_i ~ Exp(1), which
+    picks i with probability p_i): no host sync, so it can sit inside a CUDA graph; an
+    unrestricted one is a single Triton kernel (``rlx.engines.race``). Elsewhere a draw is
+    one uniform per row through the cumulative distribution: the race's uniform per row and
+    token took about a tenth of a tiny model's CPU rollout. ``rows`` (these rows' places
+    among all the batch's rows, and how many there are) gives a row the same uniform
+    whichever rows are still decoding. Like top-k, ``banned`` ids shape the draw (they
+    never win), not the reported log-prob.
     """
     temperature = params.temperature if params.temperature > 0 else 1.0
     greedy = params.greedy or params.temperature == 0
     truncated = params.top_k > 0 or params.top_p < 1.0
-    if logits.device.type == "cuda" and not (greedy or truncated):
-        uniform = torch.rand(logits.shape, dtype=torch.float32, device=logits.device, generator=generator)
-        return race(logits, uniform, temperature, banned)
+    if not (greedy or truncated) and race.supported(logits.device):
+        return race.race(logits, temperature, generator, banned)
     scaled = logits.float() if temperature == 1 else logits.float() / temperature
     logprobs = scaled.log_softmax(-1)
     drawn = logprobs if banned is None else logprobs.index_fill(-1, banned, float("-inf"))
