@@ -1,7 +1,7 @@
 """The Triton decode-attention kernel (a CUDA kernel in rlx.engines.static_decode) run by
 Triton's interpreter on the CPU, against SDPA: grouped query heads padded to the kernel's
 tile, prompt padding that masks whole leading blocks, spans that end inside a block, and a
-batch smaller than the cache's rows."""
+batch smaller than the cache's rows, this step's key and value written by the kernel."""
 
 import json
 import os
@@ -12,20 +12,26 @@ CHECK = r"""
 import json, torch, torch.nn.functional as F
 from rlx.engines.decode_attention import decode_attention
 torch.manual_seed(0)
-diffs = []
+diffs, written = [], []
 for b, rows, kv, groups, d, length, span, block in [(6, 8, 2, 7, 32, 200, 150, 64), (3, 3, 1, 4, 64, 90, 90, 32),
                                                     (4, 5, 2, 1, 16, 130, 67, 64)]:
     q = torch.randn(b, kv, groups, d)
+    k, v = torch.randn(b, 1, kv, d).transpose(1, 2), torch.randn(b, 1, kv, d).transpose(1, 2)  # as the decoder's
     keys, values = torch.randn(rows, kv, length, d), torch.randn(rows, kv, length, d)
-    pad = torch.randint(0, 70, (rows,))
-    pad[0] = 69  # more than a whole block of padding before the first real column
-    valid = torch.arange(length)[None] >= pad[:, None]
+    before = keys.clone(), values.clone()
+    pad = torch.randint(0, 60, (rows,))
+    pad[0] = 59  # more than a whole block of padding before the first real column
     column = torch.tensor([span - 3])  # the span's last two columns are not written yet
-    out = decode_attention(q, keys, values, valid, column, span, d ** -0.5, block=block)
+    valid = (torch.arange(length)[None] >= pad[:, None]) | (torch.arange(length)[None] >= column)
+    out = decode_attention(q, k, v, keys, values, valid, column, span, d ** -0.5, block=block)
+    want_keys, want_values = before[0].clone(), before[1].clone()
+    want_keys[:b, :, column], want_values[:b, :, column] = k, v
+    written.append(torch.equal(keys, want_keys) and torch.equal(values, want_values))
     mask = (valid[:b, :span] & (torch.arange(span) <= column))[:, None, None, :]
-    want = F.scaled_dot_product_attention(q, keys[:b, :, :span], values[:b, :, :span], attn_mask=mask, scale=d ** -0.5)
+    want = F.scaled_dot_product_attention(q, want_keys[:b, :, :span], want_values[:b, :, :span], attn_mask=mask,
+                                          scale=d ** -0.5)
     diffs.append((out - want).abs().max().item())
-print(json.dumps(diffs))
+print(json.dumps([diffs, written]))
 """
 
 
@@ -33,8 +39,9 @@ def test_kernel_matches_sdpa_under_the_interpreter():
     result = subprocess.run([sys.executable, "-c", CHECK], env={**os.environ, "TRITON_INTERPRET": "1"},
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    diffs = json.loads(result.stdout.strip().splitlines()[-1])
+    diffs, written = json.loads(result.stdout.strip().splitlines()[-1])
     assert len(diffs) == 3 and max(diffs) < 1e-5, diffs
+    assert written == [True] * 3  # this step's key and value in its column, of its rows only
 
 
 def test_the_kernel_compiles_for_an_h200():
@@ -45,9 +52,9 @@ def test_the_kernel_compiles_for_an_h200():
 
     from rlx.engines.decode_attention import _decode
 
-    signature = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "Valid": "*i1", "Column": "*i64", "Out": "*bf16",
+    signature = {"Q": "*bf16", "Knew": "*bf16", "Vnew": "*bf16", "K": "*bf16", "V": "*bf16", "Valid": "*i1", "Column": "*i64", "Out": "*bf16",
                  "scale": "fp32", "span": "i32",
-                 **{name: "i32" for name in ("sqb", "sqh", "sqg", "skb", "skh", "skn", "svb", "svh", "svn", "smb",
+                 **{name: "i32" for name in ("sqb", "sqh", "sqg", "snkb", "snkh", "snvb", "snvh", "skb", "skh", "skn", "svb", "svh", "svn", "smb",
                                              "sob", "soh", "sog")},
                  **{name: "constexpr" for name in ("GROUPS", "GROUPS_PAD", "D", "BLOCK")}}
     source = ASTSource(fn=_decode, signature=signature, constexprs={"GROUPS": 7, "GROUPS_PAD": 16, "D": 64, "BLOCK": 64})

@@ -24,24 +24,28 @@ def supported(head_dim: int, groups: int, device: torch.device) -> bool:
             and groups <= 64)
 
 
-def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, valid: torch.Tensor,
-                     column: torch.Tensor, span: int, scale: float, *, block: int = 64, warps: int = 2,
-                     stages: int = 2) -> torch.Tensor:
-    """softmax(q·Kᵀ·scale)·V over cache columns ``[:span]`` that are ``valid`` and not past
-    ``column`` (a one-element tensor: the column this step wrote).
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                     valid: torch.Tensor, column: torch.Tensor, span: int, scale: float, *, block: int = 64,
+                     warps: int = 2, stages: int = 2) -> torch.Tensor:
+    """Write this step's key and value ``k``/``v`` into the cache at ``column`` (a
+    one-element tensor) and return softmax(q·Kᵀ·scale)·V over cache columns ``[:span]``
+    that are ``valid`` and not past ``column``.
 
-    ``q`` is [b, kv_heads, groups, d]; ``keys``/``values`` [rows ≥ b, kv_heads, length, d]
-    with the head dimension contiguous; ``valid`` [rows, length] bool. Returns [b, kv_heads,
-    groups, d] in ``q``'s dtype. ``block`` columns are read per iteration by ``warps`` warps,
+    ``q`` is [b, kv_heads, groups, d]; ``k``/``v`` [b, kv_heads, 1, d]; ``keys``/``values``
+    [rows ≥ b, kv_heads, length, d] with the head dimension contiguous; ``valid`` [rows,
+    length] bool. Returns [b, kv_heads, groups, d] in ``q``'s dtype. The new key and value
+    are attended from registers, so the write needs no kernel of its own and no ordering
+    against the reads. ``block`` columns are read per iteration by ``warps`` warps,
     ``stages`` iterations in flight (benchmarks/decode_attention_check.py compares settings).
     """
     b, kv_heads, groups, d = q.shape
+    k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (k, v))
     out = torch.empty_like(q)
     _decode[(b, kv_heads)](
-        q, keys, values, valid, column, out, scale, span,
-        q.stride(0), q.stride(1), q.stride(2), keys.stride(0), keys.stride(1), keys.stride(2),
-        values.stride(0), values.stride(1), values.stride(2), valid.stride(0),
-        out.stride(0), out.stride(1), out.stride(2),
+        q, k, v, keys, values, valid, column, out, scale, span,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        keys.stride(0), keys.stride(1), keys.stride(2), values.stride(0), values.stride(1), values.stride(2),
+        valid.stride(0), out.stride(0), out.stride(1), out.stride(2),
         GROUPS=groups, GROUPS_PAD=max(16, triton.next_power_of_2(groups)), D=d, BLOCK=block,
         num_warps=warps, num_stages=stages)
     return out
@@ -49,21 +53,26 @@ def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
 
 if triton is not None:
     @triton.jit
-    def _decode(Q, K, V, Valid, Column, Out, scale, span,
-                sqb, sqh, sqg, skb, skh, skn, svb, svh, svn, smb, sob, soh, sog,
+    def _decode(Q, Knew, Vnew, K, V, Valid, Column, Out, scale, span,
+                sqb, sqh, sqg, snkb, snkh, snvb, snvh, skb, skh, skn, svb, svh, svn, smb, sob, soh, sog,
                 GROUPS: tl.constexpr, GROUPS_PAD: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr):
         row, head = tl.program_id(0), tl.program_id(1)
         g, d = tl.arange(0, GROUPS_PAD), tl.arange(0, D)
         q = tl.load(Q + row * sqb + head * sqh + g[:, None] * sqg + d[None, :], mask=g[:, None] < GROUPS, other=0.0)
         last = tl.load(Column)
         k_base, v_base = K + row * skb + head * skh, V + row * svb + head * svh
+        k_new = tl.load(Knew + row * snkb + head * snkh + d)
+        v_new = tl.load(Vnew + row * snvb + head * snvh + d)
+        tl.store(k_base + last * skn + d, k_new)
+        tl.store(v_base + last * svn + d, v_new)
         m = tl.full([GROUPS_PAD], float("-inf"), tl.float32)
         total = tl.zeros([GROUPS_PAD], tl.float32)
         acc = tl.zeros([GROUPS_PAD, D], tl.float32)
         for start in range(0, span, BLOCK):
             n = start + tl.arange(0, BLOCK)
             inside = n < span
-            ok = inside & (n <= last) & (tl.load(Valid + row * smb + n, mask=inside, other=0) != 0)
+            # the columns before this step's: its own key and value are in registers
+            ok = inside & (n < last) & (tl.load(Valid + row * smb + n, mask=inside, other=0) != 0)
             k = tl.load(k_base + n[:, None] * skn + d[None, :], mask=inside[:, None], other=0.0)
             s = tl.dot(q, tl.trans(k)) * scale
             s = tl.where(ok[None, :], s, float("-inf"))
@@ -76,6 +85,13 @@ if triton is not None:
             v = tl.load(v_base + n[:, None] * svn + d[None, :], mask=inside[:, None], other=0.0)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             m = m_new
+        # this step's column, always valid
+        s_new = tl.sum(q.to(tl.float32) * k_new.to(tl.float32)[None, :], 1) * scale
+        m_new = tl.maximum(m, s_new)
+        alpha = tl.exp(m - m_new)
+        p_new = tl.exp(s_new - m_new)
+        total = total * alpha + p_new
+        acc = acc * alpha[:, None] + p_new[:, None] * v_new.to(tl.float32)[None, :]
         out = acc / total[:, None]
         tl.store(Out + row * sob + head * soh + g[:, None] * sog + d[None, :], out.to(Out.dtype.element_ty),
                  mask=g[:, None] < GROUPS)

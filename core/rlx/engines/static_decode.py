@@ -145,15 +145,15 @@ class StaticDecoder:
 
     def _attention(self, i, q, k, v, mask, b: int, span: int) -> torch.Tensor:
         """Write this step's key and value into the cache and attend over ``span`` columns."""
-        self.keys[i][:b].index_copy_(2, self.column, k)
-        self.values[i][:b].index_copy_(2, self.column, v)
         # The query heads that share a KV head stand in for the query length: one pass
         # reads each cached key and value once, with no copies for grouped-query attention.
         q = q.reshape(b, self.kv_heads, self.groups, self.head_dim)
-        if self.triton_attention:
-            out = decode_attention.decode_attention(q, self.keys[i], self.values[i], self.valid, self.column, span,
-                                                    self.scale)
+        if self.triton_attention:  # the kernel writes the key and value too
+            out = decode_attention.decode_attention(q, k, v, self.keys[i], self.values[i], self.valid, self.column,
+                                                    span, self.scale)
             return out.reshape(b, 1, -1)
+        self.keys[i][:b].index_copy_(2, self.column, k)
+        self.values[i][:b].index_copy_(2, self.column, v)
         out = F.scaled_dot_product_attention(q, self.keys[i][:b, :, :span], self.values[i][:b, :, :span],
                                              attn_mask=mask, scale=self.scale)
         return out.reshape(b, 1, -1)
