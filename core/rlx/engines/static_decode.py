@@ -80,6 +80,7 @@ class StaticDecoder:
         fuse = torch.compile if self.graphs else (lambda fn, **_: fn)
         self._qkv, self._mlp = fuse(_qkv), fuse(_mlp)
         self.triton_attention = self.graphs and decode_attention.supported(self.head_dim, self.groups, device)
+        self._projections = None
 
     # -- buffers ------------------------------------------------------------------------
 
@@ -109,11 +110,30 @@ class StaticDecoder:
             self._host_logprobs = [torch.empty(size, dtype=torch.float32, pin_memory=True) for _ in range(2)]
             self._flip = 0
 
+    def _refresh_projections(self) -> None:
+        """Each layer's query, key and value weights (and biases) stacked into one matrix, so
+        that a step projects with one matmul rather than three (on W1 the key and value
+        projections are tiny, latency-bound GEMMs). Copied afresh each run, since the policy
+        trains its weights in between, into the same buffers, which a captured graph reads.
+        Layers whose projections are not plain linear layers (LoRA-wrapped) keep theirs."""
+        if self._projections is None:
+            self._projections = [_stacked(layer.self_attn) for layer in self.layers]
+        for layer, stacked in zip(self.layers, self._projections):
+            if stacked is not None:
+                attn = layer.self_attn
+                weight, bias = stacked
+                with torch.no_grad():
+                    torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight], out=weight)
+                    if bias is not None:
+                        torch.cat([_bias(attn.q_proj), _bias(attn.k_proj), _bias(attn.v_proj)], out=bias)
+
     def release(self) -> None:
-        """Drop the cache, step state and graphs; the next ``run`` allocates and captures again."""
+        """Drop the cache, step state, stacked projections and graphs; the next ``run``
+        allocates and captures again."""
         self.rows = self.length = self.max_new = 0
         self._graphs.clear()
         self._pool = None
+        self._projections = None
         for name in ("keys", "values", "valid", "columns", "token", "position", "column", "step", "out_tokens",
                      "out_logprobs", "_host_tokens", "_host_logprobs"):
             self.__dict__.pop(name, None)
@@ -131,8 +151,8 @@ class StaticDecoder:
         mask = None  # the Triton kernel reads the valid columns itself
         if not self.triton_attention:
             mask = (self.valid[:b, :span] & (self.columns[:span] <= self.column))[:, None, None, :]
-        for i, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, x, cos, sin, self.rope)
+        for i, (layer, stacked) in enumerate(zip(self.layers, self._projections)):
+            q, k, v = self._qkv(layer, x, cos, sin, self.rope, stacked)
             x = self._mlp(layer, x, self._attention(i, q, k, v, mask, b, span))
         logits = self.head(self.decoder.norm(x)[:, 0])
         token, logprob = sample(logits, params, generator, self.banned, self._draw_rows)
@@ -203,6 +223,7 @@ class StaticDecoder:
         prompts, width = attention.shape
         rows, max_new = prompts * n, params.max_new_tokens
         self._allocate(rows, width + max_new, max_new, self.head.weight.dtype)
+        self._refresh_projections()
         for i, layer in enumerate(cache.layers):
             self.keys[i][:rows, :, :width] = layer.keys.repeat_interleave(n, 0)
             self.values[i][:rows, :, :width] = layer.values.repeat_interleave(n, 0)
@@ -302,16 +323,39 @@ class StaticDecoder:
             t[:n] = t[:b].index_select(0, index)
 
 
-def _qkv(layer, x, cos, sin, rope):
+def _stacked(attn) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """Empty buffers for ``attn``'s stacked query, key and value projection (weight, bias),
+    or None when one of them is not a plain linear layer."""
+    projections = (attn.q_proj, attn.k_proj, attn.v_proj)
+    if any(type(p) is not torch.nn.Linear for p in projections):
+        return None
+    weight = projections[0].weight
+    rows = sum(p.out_features for p in projections)
+    bias = None
+    if any(p.bias is not None for p in projections):
+        bias = weight.new_empty(rows)
+    return weight.new_empty(rows, weight.shape[1]), bias
+
+
+def _bias(linear) -> torch.Tensor:
+    return linear.bias if linear.bias is not None else linear.weight.new_zeros(linear.out_features)
+
+
+def _qkv(layer, x, cos, sin, rope, stacked=None):
     """The layer's normed input projected to this step's query, key and value heads [b, heads, 1, d]."""
     attn = layer.self_attn
     h = layer.input_layernorm(x)
     shape = (x.shape[0], 1, -1, attn.head_dim)
-    q, k = attn.q_proj(h).view(shape), attn.k_proj(h).view(shape)
+    if stacked is None:
+        q, k, v = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
+    else:
+        q, k, v = F.linear(h, *stacked).split([attn.q_proj.out_features, attn.k_proj.out_features,
+                                               attn.v_proj.out_features], -1)
+    q, k = q.view(shape), k.view(shape)
     if hasattr(attn, "q_norm"):  # Qwen3 normalises each head's query and key
         q, k = attn.q_norm(q), attn.k_norm(k)
     q, k = rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
-    return q, k, attn.v_proj(h).view(shape).transpose(1, 2)
+    return q, k, v.view(shape).transpose(1, 2)
 
 
 def _mlp(layer, x, attended):
