@@ -51,6 +51,7 @@ if triton is not None:
               BANNED: tl.constexpr, BLOCK: tl.constexpr):
         row = tl.program_id(0)
         lanes = tl.arange(0, BLOCK)
+        quarter = tl.arange(0, BLOCK // 4)
         # Philox keyed by (row, this call's seed): each row's stream is its own
         key = row.to(tl.int64) * 4294967296 + tl.load(Seed)
         # the row's running maximum and sum of exp(z − maximum), for the normaliser
@@ -68,8 +69,10 @@ if triton is not None:
             shift = tl.where(new_top == float("-inf"), 0.0, new_top)  # no finite logit yet: the sum stays 0
             total = total * tl.exp(top - shift) + tl.sum(tl.exp(z - shift), 0)
             top = new_top
-            # a uniform in (0, 1) from Philox's top 24 bits: never 0 or 1, so E = −log U is finite and > 0
-            bits = tl.randint(key, cols)
+            # 32 random bits a lane from one Philox call per 4 lanes (it makes 4 words a call)
+            r0, r1, r2, r3 = tl.randint4x(key, start // 4 + quarter)
+            bits = tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), [BLOCK])
+            # a uniform in (0, 1) from the top 24 bits: never 0 or 1, so E = −log U is finite and > 0
             uniform = ((bits >> 8).to(tl.float32) + 0.5) * 5.9604644775390625e-08
             race_key = z - tl.log(-tl.log(uniform))
             if BANNED:
