@@ -1,7 +1,8 @@
 """The Triton decode-attention kernel (a CUDA kernel in rlx.engines.static_decode) run by
 Triton's interpreter on the CPU, against SDPA: grouped query heads padded to the kernel's
 tile, prompt padding that masks whole leading blocks, spans that end inside a block, and a
-batch smaller than the cache's rows, this step's key and value written by the kernel."""
+batch smaller than the cache's rows, this step's key and value written by the kernel, and
+prompt columns read from the row named as holding the prompt."""
 
 import json
 import os
@@ -13,20 +14,26 @@ import json, torch, torch.nn.functional as F
 from rlx.engines.decode_attention import decode_attention
 torch.manual_seed(0)
 diffs, written = [], []
-for b, rows, kv, groups, d, length, span, block in [(6, 8, 2, 7, 32, 200, 150, 64), (3, 3, 1, 4, 64, 90, 90, 32),
-                                                    (4, 5, 2, 1, 16, 130, 67, 64)]:
+for b, rows, kv, groups, d, length, span, block, width in [(6, 8, 2, 7, 32, 200, 150, 64, 90),
+                                                           (3, 3, 1, 4, 64, 90, 90, 32, 40),
+                                                           (4, 5, 2, 1, 16, 130, 67, 64, 60)]:
     q = torch.randn(b, kv, groups, d)
     k, v = torch.randn(b, 1, kv, d).transpose(1, 2), torch.randn(b, 1, kv, d).transpose(1, 2)  # as the decoder's
     keys, values = torch.randn(rows, kv, length, d), torch.randn(rows, kv, length, d)
+    # rows in pairs of one prompt: the second reads the first's prompt columns, its own are noise
+    source = torch.arange(b) // 2 * 2
+    pad = torch.randint(0, width, (rows,))
+    pad[0] = width - 1  # more than a whole block of padding before the first real column
+    pad[:b] = pad[source]
     before = keys.clone(), values.clone()
-    pad = torch.randint(0, 60, (rows,))
-    pad[0] = 59  # more than a whole block of padding before the first real column
     column = torch.tensor([span - 3])  # the span's last two columns are not written yet
-    valid = (torch.arange(length)[None] >= pad[:, None]) | (torch.arange(length)[None] >= column)
-    out = decode_attention(q, k, v, keys, values, valid, column, span, d ** -0.5, block=block)
+    valid = (torch.arange(length)[None] >= pad[:, None]) | (torch.arange(length)[None] >= width)
+    out = decode_attention(q, k, v, keys, values, valid, column, span, d ** -0.5, source, torch.tensor([width]),
+                           block=block)
     want_keys, want_values = before[0].clone(), before[1].clone()
     want_keys[:b, :, column], want_values[:b, :, column] = k, v
     written.append(torch.equal(keys, want_keys) and torch.equal(values, want_values))
+    want_keys[:b, :, :width], want_values[:b, :, :width] = want_keys[source, :, :width], want_values[source, :, :width]
     mask = (valid[:b, :span] & (torch.arange(span) <= column))[:, None, None, :]
     want = F.scaled_dot_product_attention(q, want_keys[:b, :, :span], want_values[:b, :, :span], attn_mask=mask,
                                           scale=d ** -0.5)
@@ -52,7 +59,8 @@ def test_the_kernel_compiles_for_an_h200():
 
     from rlx.engines.decode_attention import _decode
 
-    signature = {"Q": "*bf16", "Knew": "*bf16", "Vnew": "*bf16", "K": "*bf16", "V": "*bf16", "Valid": "*i1", "Column": "*i64", "Out": "*bf16",
+    signature = {"Q": "*bf16", "Knew": "*bf16", "Vnew": "*bf16", "K": "*bf16", "V": "*bf16", "Valid": "*i1", "Column": "*i64", "Source": "*i64",
+                 "Width": "*i64", "Out": "*bf16",
                  "scale": "fp32", "span": "i32",
                  **{name: "i32" for name in ("sqb", "sqh", "sqg", "snkb", "snkh", "snvb", "snvh", "skb", "skh", "skn", "svb", "svh", "svn", "smb",
                                              "sob", "soh", "sog")},

@@ -158,3 +158,15 @@ def test_sleep_frees_the_cache_and_the_next_rollout_is_the_same(tokenizer, promp
     again = fast.generate(prompts, params)
     assert [c.token_ids for c in again] == [c.token_ids for c in first]
     assert [lp for c in again for lp in c.logprobs] == pytest.approx([lp for c in first for lp in c.logprobs])
+
+
+def test_the_samples_of_a_prompt_read_the_first_remaining_slots_copy():
+    """The attention kernel reads a slot's prompt columns from ``source``: the first slot
+    still decoding a sample of the same prompt (row r is a sample of prompt r // n)."""
+    fast = NativeEngine(make_model(), None).static
+    fast.triton_attention = True  # what a GPU with Triton sets; only the bookkeeping runs here
+    fast._allocate(8, 16, 4, torch.float32)
+    fast._share_prompts(list(range(8)), 2)
+    assert fast.source.tolist() == [0, 0, 2, 2, 4, 4, 6, 6]
+    fast._share_prompts([1, 2, 3, 5, 6], 2)  # rows 0, 4 and 7 done, the rest moved to the front
+    assert fast.source[:5].tolist() == [0, 1, 1, 3, 4]

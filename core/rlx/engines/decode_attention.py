@@ -25,11 +25,16 @@ def supported(head_dim: int, groups: int, device: torch.device) -> bool:
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                     valid: torch.Tensor, column: torch.Tensor, span: int, scale: float, *, block: int = 64,
-                     warps: int = 2, stages: int = 2) -> torch.Tensor:
+                     valid: torch.Tensor, column: torch.Tensor, span: int, scale: float, source: torch.Tensor,
+                     width: torch.Tensor, *, block: int = 64, warps: int = 2, stages: int = 2) -> torch.Tensor:
     """Write this step's key and value ``k``/``v`` into the cache at ``column`` (a
     one-element tensor) and return softmax(q·Kᵀ·scale)·V over cache columns ``[:span]``
     that are ``valid`` and not past ``column``.
+
+    Row r reads its first ``width`` columns (the prompt; a one-element tensor) from row
+    ``source[r]``, a row with the same prompt: the n samples of a prompt then read one copy
+    of its keys and values, which their programs, launched side by side, find in L2 rather
+    than each fetching its own from memory.
 
     ``q`` is [b, kv_heads, groups, d]; ``k``/``v`` [b, kv_heads, 1, d]; ``keys``/``values``
     [rows ≥ b, kv_heads, length, d] with the head dimension contiguous; ``valid`` [rows,
@@ -42,7 +47,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: to
     k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (k, v))
     out = torch.empty_like(q)
     _decode[(b, kv_heads)](
-        q, k, v, keys, values, valid, column, out, scale, span,
+        q, k, v, keys, values, valid, column, source, width, out, scale, span,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         keys.stride(0), keys.stride(1), keys.stride(2), values.stride(0), values.stride(1), values.stride(2),
         valid.stride(0), out.stride(0), out.stride(1), out.stride(2),
@@ -53,18 +58,17 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: to
 
 if triton is not None:
     @triton.jit
-    def _decode(Q, Knew, Vnew, K, V, Valid, Column, Out, scale, span,
+    def _decode(Q, Knew, Vnew, K, V, Valid, Column, Source, Width, Out, scale, span,
                 sqb, sqh, sqg, snkb, snkh, snvb, snvh, skb, skh, skn, svb, svh, svn, smb, sob, soh, sog,
                 GROUPS: tl.constexpr, GROUPS_PAD: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr):
         row, head = tl.program_id(0), tl.program_id(1)
         g, d = tl.arange(0, GROUPS_PAD), tl.arange(0, D)
         q = tl.load(Q + row * sqb + head * sqh + g[:, None] * sqg + d[None, :], mask=g[:, None] < GROUPS, other=0.0)
-        last = tl.load(Column)
-        k_base, v_base = K + row * skb + head * skh, V + row * svb + head * svh
+        last, width, source = tl.load(Column), tl.load(Width), tl.load(Source + row)
         k_new = tl.load(Knew + row * snkb + head * snkh + d)
         v_new = tl.load(Vnew + row * snvb + head * snvh + d)
-        tl.store(k_base + last * skn + d, k_new)
-        tl.store(v_base + last * svn + d, v_new)
+        tl.store(K + row * skb + head * skh + last * skn + d, k_new)
+        tl.store(V + row * svb + head * svh + last * svn + d, v_new)
         m = tl.full([GROUPS_PAD], float("-inf"), tl.float32)
         total = tl.zeros([GROUPS_PAD], tl.float32)
         acc = tl.zeros([GROUPS_PAD, D], tl.float32)
@@ -73,7 +77,9 @@ if triton is not None:
             inside = n < span
             # the columns before this step's: its own key and value are in registers
             ok = inside & (n < last) & (tl.load(Valid + row * smb + n, mask=inside, other=0) != 0)
-            k = tl.load(k_base + n[:, None] * skn + d[None, :], mask=inside[:, None], other=0.0)
+            owner = tl.where(n < width, source, row)  # whose copy of each column is read
+            k = tl.load(K + owner[:, None] * skb + head * skh + n[:, None] * skn + d[None, :], mask=inside[:, None],
+                        other=0.0)
             s = tl.dot(q, tl.trans(k)) * scale
             s = tl.where(ok[None, :], s, float("-inf"))
             m_new = tl.maximum(m, tl.max(s, 1))
@@ -82,7 +88,8 @@ if triton is not None:
             alpha = tl.exp(m - m_safe)
             p = tl.exp(s - m_safe[:, None])
             total = total * alpha + tl.sum(p, 1)
-            v = tl.load(v_base + n[:, None] * svn + d[None, :], mask=inside[:, None], other=0.0)
+            v = tl.load(V + owner[:, None] * svb + head * svh + n[:, None] * svn + d[None, :], mask=inside[:, None],
+                        other=0.0)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             m = m_new
         # this step's column, always valid

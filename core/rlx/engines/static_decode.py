@@ -101,6 +101,8 @@ class StaticDecoder:
         self.token = torch.zeros(self.rows, dtype=torch.long, **on)
         self.position = torch.zeros(self.rows, dtype=torch.long, **on)
         self.column = torch.zeros(1, dtype=torch.long, **on)  # the cache column this step writes
+        self.width = torch.zeros(1, dtype=torch.long, **on)  # the prompts' columns
+        self.source = torch.zeros(self.rows, dtype=torch.long, **on)  # the slot whose prompt columns a slot reads
         self.step = torch.zeros(1, dtype=torch.long, **on)
         self.out_tokens = torch.zeros(self.rows, self.max_new, dtype=torch.long, **on)
         self.out_logprobs = torch.zeros(self.rows, self.max_new, dtype=torch.float32, **on)
@@ -134,8 +136,8 @@ class StaticDecoder:
         self._graphs.clear()
         self._pool = None
         self._projections = None
-        for name in ("keys", "values", "valid", "columns", "token", "position", "column", "step", "out_tokens",
-                     "out_logprobs", "_host_tokens", "_host_logprobs"):
+        for name in ("keys", "values", "valid", "columns", "token", "position", "column", "width", "source", "step",
+                     "out_tokens", "out_logprobs", "_host_tokens", "_host_logprobs"):
             self.__dict__.pop(name, None)
 
     # -- one decode step ----------------------------------------------------------------
@@ -170,7 +172,7 @@ class StaticDecoder:
         q = q.reshape(b, self.kv_heads, self.groups, self.head_dim)
         if self.triton_attention:  # the kernel writes the key and value too
             out = decode_attention.decode_attention(q, k, v, self.keys[i], self.values[i], self.valid, self.column,
-                                                    span, self.scale)
+                                                    span, self.scale, self.source, self.width)
             return out.reshape(b, 1, -1)
         self.keys[i][:b].index_copy_(2, self.column, k)
         self.values[i][:b].index_copy_(2, self.column, v)
@@ -231,6 +233,7 @@ class StaticDecoder:
         self.valid[:rows, width:] = True  # decoded columns: masked by the step's column until written
         self.position[:rows] = positions.repeat_interleave(n, 0)
         self.column.fill_(width)
+        self.width.fill_(width)
         self.step.fill_(1)
 
         # the first token comes from the prefill's logits
@@ -242,6 +245,7 @@ class StaticDecoder:
         tokens: list[list[int]] = [[] for _ in range(rows)]
         logprobs: list[list[float]] = [[] for _ in range(rows)]
         slots = list(range(rows))  # slot s of the batch decodes row slots[s]
+        self._share_prompts(slots, n)
         self._draw_rows = None  # each slot's row, for the CPU's draws once slots move
         done = [False] * rows
         written, read, b = 1, 0, rows  # output columns filled and read back; rows decoded
@@ -277,6 +281,7 @@ class StaticDecoder:
                 if len(alive) <= b // 2:
                     self._compact(alive, b)
                     slots = [slots[s] for s in alive]
+                    self._share_prompts(slots, n)
                     b = self._bucket(len(slots), b)
                     self._draw_rows = (torch.tensor(slots), rows)
             self._replay(b, self._span(width + written), params, generator)
@@ -311,6 +316,16 @@ class StaticDecoder:
         if not self.graphs:
             return alive
         return min(b, 1 << (alive - 1).bit_length())
+
+    def _share_prompts(self, slots: list[int], n: int) -> None:
+        """Point each slot's prompt columns at the first slot decoding a sample of the same
+        prompt (row r is a sample of prompt r // n). Every slot holds its own copy too, so
+        this only chooses which copy the attention kernel reads."""
+        if not self.triton_attention:  # SDPA reads each slot's own
+            return
+        first: dict[int, int] = {}
+        source = [first.setdefault(row // n, s) for s, row in enumerate(slots)]
+        self.source[:len(source)] = torch.tensor(source)
 
     def _compact(self, alive: list[int], b: int) -> None:
         """Move the slots still decoding to the front, in order."""
