@@ -113,7 +113,7 @@ def test_lora_layers_decode_through_their_modules(tokenizer, prompts):  # noqa: 
 
 def test_the_cpu_draw_samples_the_softmax():
     """The CPU's inverse-CDF draw picks each token with its probability under softmax(z / T)
-    (CUDA's race kernel: test_race.py)."""
+    (CUDA's kernel: test_draw.py)."""
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, 0.5]]).repeat(40_000, 1)
     generator = torch.Generator().manual_seed(0)
     probs = (logits[0] / 1.3).softmax(-1)

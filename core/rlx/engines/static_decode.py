@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from rlx import models
-from rlx.engines import decode_attention, race
+from rlx.engines import decode_attention, draw
 
 ARCHITECTURES = {"llama", "qwen2", "qwen3", "mistral", "qwen2_vl", "qwen2_5_vl"}
 
@@ -383,20 +383,20 @@ def sample(logits: torch.Tensor, params, generator: torch.Generator | None, bann
            rows: tuple[torch.Tensor, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Next token of each row and its log-prob under softmax(logits / T), before top-k/top-p.
 
-    On CUDA a draw is the exponential race (arg-max of p_i / E_i with E_i ~ Exp(1), which
-    picks i with probability p_i): no host sync, so it can sit inside a CUDA graph; an
-    unrestricted one is a single Triton kernel (``rlx.engines.race``). Elsewhere a draw is
-    one uniform per row through the cumulative distribution: the race's uniform per row and
-    token took about a tenth of a tiny model's CPU rollout. ``rows`` (these rows' places
-    among all the batch's rows, and how many there are) gives a row the same uniform
-    whichever rows are still decoding. Like top-k, ``banned`` ids shape the draw (they
-    never win), not the reported log-prob.
+    A draw is one uniform per row through the cumulative distribution: the exponential
+    race's uniform per row and token took about a tenth of a tiny model's CPU rollout. On
+    CUDA, where nothing may sync with the host inside a graph, an unrestricted draw is one
+    Triton kernel (``rlx.engines.draw``), and a top-k/top-p one the exponential race
+    (arg-max of p_i / E_i with E_i ~ Exp(1), which picks i with probability p_i). ``rows``
+    (these rows' places among all the batch's rows, and how many there are) gives a row the
+    same uniform on the CPU whichever rows are still decoding. Like top-k, ``banned`` ids
+    shape the draw (they are never drawn), not the reported log-prob.
     """
     temperature = params.temperature if params.temperature > 0 else 1.0
     greedy = params.greedy or params.temperature == 0
     truncated = params.top_k > 0 or params.top_p < 1.0
-    if not (greedy or truncated) and race.supported(logits.device):
-        return race.race(logits, temperature, generator, banned)
+    if not (greedy or truncated) and draw.supported(logits.device):
+        return draw.draw(logits, temperature, generator, banned)
     scaled = logits.float() if temperature == 1 else logits.float() / temperature
     logprobs = scaled.log_softmax(-1)
     drawn = logprobs if banned is None else logprobs.index_fill(-1, banned, float("-inf"))

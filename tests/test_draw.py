@@ -1,9 +1,10 @@
-"""The sampling kernel (``rlx.engines.race``, CUDA only) run by Triton's interpreter on the
+"""The sampling kernel (``rlx.engines.draw``, CUDA only) run by Triton's interpreter on the
 CPU: tokens drawn with their probabilities under softmax(z / T), the exact log-prob of
 each, banned ids never drawn but kept in the normaliser, rows longer than a block, seeds
 that repeat a draw and calls that draw afresh; and the kernel compiled for an H200."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -12,10 +13,10 @@ import pytest
 
 CHECK = r"""
 import json, torch
-from rlx.engines.race import race
+from rlx.engines.draw import draw
 out = {}
 logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, 0.5]]).repeat(1000, 1)
-token, logprob = race(logits, 1.3, torch.Generator().manual_seed(0), block=8)
+token, logprob = draw(logits, 1.3, torch.Generator().manual_seed(0), block=8)
 want = (logits[0] / 1.3).log_softmax(-1)
 out["one_block"] = dict(counts=torch.bincount(token, minlength=5).tolist(), probs=want.exp().tolist(),
                         logprob_err=(logprob - want[token]).abs().max().item())
@@ -24,18 +25,25 @@ torch.manual_seed(0)
 z = torch.randn(20) * 1.5
 logits = z.repeat(300, 1)
 banned = torch.tensor([int(z.argmax()), 17])
-token, logprob = race(logits, 0.8, torch.Generator().manual_seed(1), banned, block=8)
+token, logprob = draw(logits, 0.8, torch.Generator().manual_seed(1), banned, block=8)
 want = (z / 0.8).log_softmax(-1)
 allowed = want.index_fill(0, banned, float("-inf")).softmax(-1)
 out["blocks"] = dict(counts=torch.bincount(token, minlength=20).tolist(), probs=allowed.tolist(),
                      banned=banned.tolist(), logprob_err=(logprob - want[token]).abs().max().item())
 flat = torch.zeros(64, 12)
-first = race(flat, 1.0, torch.Generator().manual_seed(5), block=8)[0]
+first = draw(flat, 1.0, torch.Generator().manual_seed(5), block=8)[0]
 generator = torch.Generator().manual_seed(5)
-again, after = race(flat, 1.0, generator, block=8)[0], race(flat, 1.0, generator, block=8)[0]
-strided = race(torch.zeros(12, 64).t(), 1.0, torch.Generator().manual_seed(5), block=8)[0]
+again, after = draw(flat, 1.0, generator, block=8)[0], draw(flat, 1.0, generator, block=8)[0]
+strided = draw(torch.zeros(12, 64).t(), 1.0, torch.Generator().manual_seed(5), block=8)[0]
 out["seeds"] = dict(same=first.tolist() == again.tolist(), fresh=(first != after).float().mean().item(),
                     strided_same=strided.tolist() == first.tolist())
+edges = torch.full((2, 20), float("-inf"))
+edges[0, 19] = 0.0  # all the mass on the last token, in the last, part-filled block
+edges[1, 3] = 0.0   # on one token of the first block
+token, logprob = draw(edges, 1.0, torch.Generator().manual_seed(2), block=8)
+only_last, only_last_logprob = draw(torch.zeros(1, 20), 1.0, torch.Generator().manual_seed(2),
+                                    torch.arange(19), block=8)
+out["edges"] = dict(tokens=token.tolist() + only_last.tolist(), logprobs=logprob.tolist() + only_last_logprob.tolist())
 print(json.dumps(out))
 """
 
@@ -67,6 +75,13 @@ def test_rows_over_several_blocks_and_banned_ids(checked):
     assert blocks["logprob_err"] < 1e-5
 
 
+def test_tokens_at_minus_infinity_are_never_drawn_and_the_last_token_is(checked):
+    edges = checked["edges"]
+    assert edges["tokens"] == [19, 3, 19]  # the third row: a flat one with every token but the last banned
+    assert edges["logprobs"][:2] == [0.0, 0.0]
+    assert abs(edges["logprobs"][2] - math.log(1 / 20)) < 1e-6
+
+
 def test_a_seed_repeats_a_draw_and_the_next_call_draws_afresh(checked):
     seeds = checked["seeds"]
     assert seeds["same"] and seeds["strided_same"]
@@ -79,11 +94,12 @@ def test_the_kernel_compiles_for_an_h200():
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, compile
 
-    from rlx.engines.race import _race
+    from rlx.engines.draw import _draw
 
-    signature = {"Logits": "*bf16", "Bias": "*fp32", "Seed": "*i64", "Tokens": "*i64", "Logprobs": "*fp32",
-                 "vocab": "i32", "stride": "i32", "temperature": "fp32", "BANNED": "constexpr", "BLOCK": "constexpr"}
+    signature = {"Logits": "*bf16", "Allowed": "*i1", "Seed": "*i64", "Tokens": "*i64", "Logprobs": "*fp32",
+                 "vocab": "i32", "stride": "i32", "inverse_temperature": "fp32", "BANNED": "constexpr",
+                 "BLOCK": "constexpr"}
     for banned in (False, True):
-        kernel = compile(ASTSource(fn=_race, signature=signature, constexprs={"BANNED": banned, "BLOCK": 2048}),
+        kernel = compile(ASTSource(fn=_draw, signature=signature, constexprs={"BANNED": banned, "BLOCK": 2048}),
                          target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
         assert kernel.asm["cubin"]
