@@ -6,8 +6,9 @@ A decode step of a small model in plain transformers is bound by the CPU: about 
 thousand kernel launches, a new attention mask and a growing cache per token. Here the
 cache never moves, the mask is one comparison, and on CUDA a whole step (forward,
 sampling, bookkeeping) is one graph replay, so the GPU never waits for Python. Inside
-it, the work between the matmuls runs compiled and attention is a Triton kernel
-(``decode_attention``).
+it, the work between the matmuls runs compiled, the query, key and value projections are
+one matmul, attention (with the cache write) is a Triton kernel (``decode_attention``) and
+so is sampling (``draw``).
 
 Rows that finish keep their slot until the batch is compacted: on CUDA when half the
 rows are done (graphs are captured per batch-size and cache-length bucket), on the CPU
