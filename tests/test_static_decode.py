@@ -170,3 +170,28 @@ def test_the_samples_of_a_prompt_read_the_first_remaining_slots_copy():
     assert fast.source.tolist() == [0, 0, 2, 2, 4, 4, 6, 6]
     fast._share_prompts([1, 2, 3, 5, 6], 2)  # rows 0, 4 and 7 done, the rest moved to the front
     assert fast.source[:5].tolist() == [0, 1, 1, 3, 4]
+
+
+@pytest.mark.parametrize("config", [
+    transformers.LlamaConfig(attention_bias=False),  # no projection biases
+    transformers.LlamaConfig(attention_bias=True),
+    transformers.Qwen3Config(),  # per-head query and key norms after the stacked projection
+], ids=["llama", "llama-bias", "qwen3"])
+def test_stacked_projections_decode_as_the_model_does(tokenizer, prompts, config):  # noqa: F811
+    for key, value in dict(vocab_size=64, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                           num_key_value_heads=1, intermediate_size=128, head_dim=32, eos_token_id=EOS,
+                           pad_token_id=0).items():
+        setattr(config, key, value)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):  # initialised to zero
+                p.normal_()
+    fast, plain = engines(model, tokenizer)
+    params = SamplingParams(greedy=True, max_new_tokens=8)
+    got, want = fast.generate(prompts, params), plain.generate(prompts, params)
+    assert all(stacked is not None for stacked in fast.static._projections)
+    assert [c.token_ids for c in got] == [c.token_ids for c in want]
+    for a, b in zip(got, want):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
