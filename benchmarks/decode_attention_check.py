@@ -27,17 +27,17 @@ def case(rows: int, kv_heads: int, groups: int, d: int, length: int, span: int) 
     # 8 samples a prompt of 128 columns (left padding up to 99 of them), as W1's
     own = torch.arange(rows, device="cuda")
     shared = own // 8 * 8
-    width = torch.tensor([128], device="cuda")
+    width = torch.full((rows,), 128, device="cuda")
     keys[:, :, :128], values[:, :, :128] = keys[shared, :, :128], values[shared, :, :128]
     pad = torch.randint(0, 100, (rows,), generator=g, device="cuda")[shared]
     valid = torch.arange(length, device="cuda")[None] >= pad[:, None]
-    column = torch.tensor([span - 3], device="cuda")  # the last two columns of the span are not written yet
+    column = torch.full((rows,), span - 3, device="cuda")  # the span's last two columns are not written yet
     scale = d ** -0.5
-    mask = (valid[:, :span] & (torch.arange(span, device="cuda") <= column))[:, None, None, :]
+    mask = (valid[:, :span] & (torch.arange(span, device="cuda") <= column[:, None]))[:, None, None, :]
 
     def sdpa():  # with the cache write it needs beside it
-        keys.index_copy_(2, column, k)
-        values.index_copy_(2, column, v)
+        keys.index_copy_(2, column[:1], k)
+        values.index_copy_(2, column[:1], v)
         return F.scaled_dot_product_attention(q, keys[:, :, :span], values[:, :, :span], attn_mask=mask, scale=scale)
 
     def kernel():  # the samples of a prompt read one copy of it
@@ -77,8 +77,8 @@ def sweep() -> dict:
     k, v = (torch.randn(512, 2, 1, 64, generator=g, **bf) for _ in range(2))
     keys, values = (torch.randn(512, 2, 640, 64, generator=g, **bf) for _ in range(2))
     valid = torch.ones(512, 640, dtype=torch.bool, device="cuda")
-    column = torch.tensor([639], device="cuda")
-    shared, width = torch.arange(512, device="cuda") // 8 * 8, torch.tensor([128], device="cuda")
+    column = torch.full((512,), 639, device="cuda")
+    shared, width = torch.arange(512, device="cuda") // 8 * 8, torch.full((512,), 128, device="cuda")
     times = {}
     for block in (32, 64, 128):
         for warps in (2, 4, 8):

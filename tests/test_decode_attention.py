@@ -26,15 +26,16 @@ for b, rows, kv, groups, d, length, span, block, width in [(6, 8, 2, 7, 32, 200,
     pad[0] = width - 1  # more than a whole block of padding before the first real column
     pad[:b] = pad[source]
     before = keys.clone(), values.clone()
-    column = torch.tensor([span - 3])  # the span's last two columns are not written yet
+    # each row's own column, the span's last or up to 5 before it (rows that joined the batch later)
+    column = span - 1 - torch.randint(0, 6, (rows,))
     valid = (torch.arange(length)[None] >= pad[:, None]) | (torch.arange(length)[None] >= width)
-    out = decode_attention(q, k, v, keys, values, valid, column, span, d ** -0.5, source, torch.tensor([width]),
+    out = decode_attention(q, k, v, keys, values, valid, column, span, d ** -0.5, source, torch.full((rows,), width),
                            block=block)
     want_keys, want_values = before[0].clone(), before[1].clone()
-    want_keys[:b, :, column], want_values[:b, :, column] = k, v
+    want_keys[torch.arange(b), :, column[:b]], want_values[torch.arange(b), :, column[:b]] = k[:, :, 0], v[:, :, 0]
     written.append(torch.equal(keys, want_keys) and torch.equal(values, want_values))
     want_keys[:b, :, :width], want_values[:b, :, :width] = want_keys[source, :, :width], want_values[source, :, :width]
-    mask = (valid[:b, :span] & (torch.arange(span) <= column))[:, None, None, :]
+    mask = (valid[:b, :span] & (torch.arange(span) <= column[:b, None]))[:, None, None, :]
     want = F.scaled_dot_product_attention(q, want_keys[:b, :, :span], want_values[:b, :, :span], attn_mask=mask,
                                           scale=d ** -0.5)
     diffs.append((out - want).abs().max().item())

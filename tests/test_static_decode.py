@@ -165,7 +165,7 @@ def test_the_samples_of_a_prompt_read_the_first_remaining_slots_copy():
     still decoding a sample of the same prompt (row r is a sample of prompt r // n)."""
     fast = NativeEngine(make_model(), None).static
     fast.triton_attention = True  # what a GPU with Triton sets; only the bookkeeping runs here
-    fast._allocate(8, 16, 4, torch.float32)
+    fast._allocate(8, 16, torch.float32)
     fast._share_prompts(list(range(8)), 2)
     assert fast.source.tolist() == [0, 0, 2, 2, 4, 4, 6, 6]
     fast._share_prompts([1, 2, 3, 5, 6], 2)  # rows 0, 4 and 7 done, the rest moved to the front
@@ -195,3 +195,40 @@ def test_stacked_projections_decode_as_the_model_does(tokenizer, prompts, config
     assert [c.token_ids for c in got] == [c.token_ids for c in want]
     for a, b in zip(got, want):
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+
+
+MANY = ["ab", "hello there", "1+2=3 is", "x", "the cat sat", "9*9", "one two three four", "zz top", "q"]
+
+
+@pytest.mark.parametrize("greedy", [True, False], ids=["greedy", "sampled"])
+def test_prompts_join_as_rows_finish(tokenizer, greedy):  # noqa: F811
+    """More prompts than slots: the next prompts are prefilled into the slots of finished
+    rows while the others decode on. Every completion carries the log-probs a forward pass
+    gives its tokens; greedy ones equal the plain loop's (batch by batch), in fewer decode
+    steps than batches decoded one after another; a seed repeats sampled ones."""
+    prompts = [tokenizer(p, add_special_tokens=False).input_ids for p in MANY]
+    model = eos_model(tokenizer, prompts)
+    fast, plain = NativeEngine(model, tokenizer, max_batch_size=4), NativeEngine(model, tokenizer, max_batch_size=4)
+    plain.static = None
+    steps, prefilled = [], []
+    replay, prefill = fast.static._replay, fast._prefill
+    fast.static._replay = lambda *a: (steps.append(1), replay(*a))
+    fast._prefill = lambda p, i: (prefilled.append(len(p)), prefill(p, i))[1]
+    params = SamplingParams(n=2, max_new_tokens=16, seed=1, greedy=greedy)
+    got = fast.generate(prompts, params)
+    assert [c.prompt_index for c in got] == [i for i in range(len(prompts)) for _ in range(2)]
+    assert sum(prefilled) == len(prompts)
+    for c in got:
+        assert 1 <= len(c.token_ids) <= 16 and (c.finish_reason == "length") == (c.token_ids[-1] not in fast.eos_ids)
+        ids = torch.tensor([prompts[c.prompt_index] + c.token_ids])
+        with torch.no_grad():
+            logp = (model(ids).logits[0] / (1.0 if greedy else params.temperature)).log_softmax(-1)
+        start = len(prompts[c.prompt_index]) - 1
+        assert c.logprobs == pytest.approx([logp[start + i, t].item() for i, t in enumerate(c.token_ids)], abs=1e-5)
+    if greedy:
+        assert [c.token_ids for c in got] == [c.token_ids for c in plain.generate(prompts, params)]
+        lengths = [len(c.token_ids) for c in got]  # batches of 4 rows one after another: the longest of each
+        assert len(steps) < sum(max(lengths[i:i + 4]) - 1 for i in range(0, len(lengths), 4))
+        assert len(prefilled) > len(range(0, len(prompts), 2))  # prompts joined one at a time
+    else:
+        assert [c.token_ids for c in fast.generate(prompts, params)] == [c.token_ids for c in got]

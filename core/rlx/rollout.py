@@ -146,29 +146,60 @@ class NativeEngine(RolloutEngine):
             raise ValueError("every prompt needs at least one token")
         if params.n < 1:
             raise ValueError(f"SamplingParams.n must be >= 1, got {params.n}")
+        if not prompt_ids:
+            return []
         generator = None
         if params.seed is not None:
             generator = torch.Generator(self.device).manual_seed(params.seed)
-        prompts_per_batch = max(1, self.max_batch_size // params.n)
         was_training = self.model.training
         self.model.eval()
         try:
             with torch.inference_mode():
+                if self.static is not None:
+                    return self._generate_static(prompt_ids, params, generator, inputs)
                 completions = []
+                prompts_per_batch = max(1, self.max_batch_size // params.n)
                 for start in range(0, len(prompt_ids), prompts_per_batch):
                     batch = prompt_ids[start : start + prompts_per_batch]
                     batch_inputs = inputs[start : start + prompts_per_batch] if inputs is not None else None
                     completions += self._generate_batch(batch, start, params, generator, batch_inputs)
+                return completions
         finally:
             self.model.train(was_training)
-        return completions
+
+    def _generate_static(self, prompts: list[list[int]], params: SamplingParams, generator: torch.Generator | None,
+                         inputs: list[ModelInputs] | None) -> list[Completion]:
+        """All the prompts through ``StaticDecoder`` in one run, up to ``max_batch_size``
+        sequences at a time, prompts joining as rows finish."""
+        n, finished = params.n, self._finished(params)
+
+        def prefill(first: int, count: int):
+            cache, logits, attention, positions = self._prefill(
+                prompts[first : first + count], inputs[first : first + count] if inputs is not None else None)
+            return cache, logits, attention, positions[:, -1] + 1
+
+        capacity = max(1, self.max_batch_size // n) * n
+        tokens, logprobs = self.static.run(prefill, len(prompts), max(len(p) for p in prompts), n, capacity, params,
+                                           _seed(generator, self.device), finished)
+        return self._completions(0, tokens, logprobs, finished, params)
 
     def _generate_batch(
         self, prompts: list[list[int]], first_index: int, params: SamplingParams, generator: torch.Generator | None,
         inputs: list[ModelInputs] | None = None,
     ) -> list[Completion]:
-        n = params.n
-        # Left padding puts every prompt's last token in the last column, where decoding starts.
+        """One batch of prompts through the plain transformers loop."""
+        finished = self._finished(params)
+        cache, logits, attention, positions = self._prefill(prompts, inputs)
+        tokens, logprobs = self._decode(cache, logits, attention, positions, params.n, params,
+                                        torch.Generator(self.device).manual_seed(_seed(generator, self.device)),
+                                        finished)
+        return self._completions(first_index, tokens, logprobs, finished, params)
+
+    def _prefill(self, prompts: list[list[int]], inputs: list[ModelInputs] | None):
+        """One forward over ``prompts``, left-padded so that every prompt's last token sits in
+        the last column, where decoding starts. Returns its cache, the last logits (float32),
+        the attention mask and the positions (on one axis: a VLM's response goes on from the
+        largest of its prompt's)."""
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long, device=self.device)
         attention = torch.zeros_like(ids)
@@ -197,29 +228,27 @@ class NativeEngine(RolloutEngine):
             )
         if positions.dim() == 3:  # the response goes on from the largest position, on every axis
             positions = positions.amax(0).cummax(-1).values
+        return cache, out.logits[:, -1].float(), attention, positions
+
+    def _finished(self, params: SamplingParams):
+        """Whether a completion's tokens end it: an EOS or a stop string."""
         max_stop = max((len(s) for s in params.stop), default=0)
 
         def finished(tokens: list[int]) -> bool:
             return tokens[-1] in self.eos_ids or (max_stop > 0 and self._hits_stop(tokens, params.stop, max_stop))
 
-        rows = len(prompts) * n
-        # Each batch samples from a seed of its own, drawn from the caller's generator: both
-        # decode loops then draw the same random numbers for the same rows.
-        seed = int(torch.randint(2**62, (1,), generator=generator, device=self.device))
-        if self.static is not None:
-            tokens, logprobs = self.static.run(cache, out.logits[:, -1].float(), attention, positions[:, -1] + 1, n,
-                                               params, seed, finished)
-        else:
-            tokens, logprobs = self._decode(cache, out.logits[:, -1].float(), attention, positions, n, params,
-                                            torch.Generator(self.device).manual_seed(seed), finished)
-        done = [bool(t) and finished(t) for t in tokens]
+        return finished
+
+    def _completions(self, first_index: int, tokens: list[list[int]], logprobs: list[list[float]], finished,
+                     params: SamplingParams) -> list[Completion]:
         completions = []
-        for row in range(rows):
-            text = self.tokenizer.decode(tokens[row], skip_special_tokens=True)
-            if done[row] and tokens[row][-1] not in self.eos_ids:
+        for row, (row_tokens, row_logprobs) in enumerate(zip(tokens, logprobs)):
+            done = bool(row_tokens) and finished(row_tokens)
+            text = self.tokenizer.decode(row_tokens, skip_special_tokens=True)
+            if done and row_tokens[-1] not in self.eos_ids:
                 text = _cut_after_stop(text, params.stop)
-            reason = "stop" if done[row] else "length"
-            completions.append(Completion(first_index + row // n, tokens[row], logprobs[row], text, reason))
+            completions.append(Completion(first_index + row // params.n, row_tokens, row_logprobs, text,
+                                          "stop" if done else "length"))
         return completions
 
     def _decode(self, cache, logits, attention, positions, n: int, params: SamplingParams,
@@ -269,6 +298,12 @@ class NativeEngine(RolloutEngine):
         """
         tail = self.tokenizer.decode(tokens[-(max_stop + 2) :], skip_special_tokens=True)
         return any(s in tail for s in stop)
+
+
+def _seed(generator: torch.Generator | None, device: torch.device) -> int:
+    """A seed for one decode run, drawn from the caller's generator: the static and the plain
+    loop then draw the same random numbers for the same rows of a batch."""
+    return int(torch.randint(2**62, (1,), generator=generator, device=device))
 
 
 def eager(model: torch.nn.Module):

@@ -27,21 +27,22 @@ def supported(head_dim: int, groups: int, device: torch.device) -> bool:
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                      valid: torch.Tensor, column: torch.Tensor, span: int, scale: float, source: torch.Tensor,
                      width: torch.Tensor, *, block: int = 64, warps: int = 2, stages: int = 2) -> torch.Tensor:
-    """Write this step's key and value ``k``/``v`` into the cache at ``column`` (a
-    one-element tensor) and return softmax(q·Kᵀ·scale)·V over cache columns ``[:span]``
-    that are ``valid`` and not past ``column``.
+    """Write this step's key and value ``k``/``v`` into each row's cache column ``column[r]``
+    and return softmax(q·Kᵀ·scale)·V over the row's cache columns ``[:span]`` that are
+    ``valid`` and not past its column.
 
-    Row r reads its first ``width`` columns (the prompt; a one-element tensor) from row
-    ``source[r]``, a row with the same prompt: the n samples of a prompt then read one copy
-    of its keys and values, which their programs, launched side by side, find in L2 rather
-    than each fetching its own from memory.
+    Row r reads its first ``width[r]`` columns (its prompt) from row ``source[r]``, a row
+    with the same prompt: the n samples of a prompt then read one copy of its keys and
+    values, which their programs, launched side by side, find in L2 rather than each
+    fetching its own from memory.
 
     ``q`` is [b, kv_heads, groups, d]; ``k``/``v`` [b, kv_heads, 1, d]; ``keys``/``values``
     [rows ≥ b, kv_heads, length, d] with the head dimension contiguous; ``valid`` [rows,
-    length] bool. Returns [b, kv_heads, groups, d] in ``q``'s dtype. The new key and value
-    are attended from registers, so the write needs no kernel of its own and no ordering
-    against the reads. ``block`` columns are read per iteration by ``warps`` warps,
-    ``stages`` iterations in flight (benchmarks/decode_attention_check.py compares settings).
+    length] bool; ``column``, ``width`` and ``source`` [rows ≥ b]. Returns [b, kv_heads,
+    groups, d] in ``q``'s dtype. The new key and value are attended from registers, so the
+    write needs no kernel of its own and no ordering against the reads. ``block`` columns
+    are read per iteration by ``warps`` warps, ``stages`` iterations in flight
+    (benchmarks/decode_attention_check.py compares settings).
     """
     b, kv_heads, groups, d = q.shape
     k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (k, v))
@@ -64,7 +65,7 @@ if triton is not None:
         row, head = tl.program_id(0), tl.program_id(1)
         g, d = tl.arange(0, GROUPS_PAD), tl.arange(0, D)
         q = tl.load(Q + row * sqb + head * sqh + g[:, None] * sqg + d[None, :], mask=g[:, None] < GROUPS, other=0.0)
-        last, width, source = tl.load(Column), tl.load(Width), tl.load(Source + row)
+        last, width, source = tl.load(Column + row), tl.load(Width + row), tl.load(Source + row)
         k_new = tl.load(Knew + row * snkb + head * snkh + d)
         v_new = tl.load(Vnew + row * snvb + head * snvh + d)
         tl.store(K + row * skb + head * skh + last * skn + d, k_new)

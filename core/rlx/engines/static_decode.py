@@ -69,7 +69,7 @@ class StaticDecoder:
         self.device = device
         self.graphs = graphs and device.type == "cuda"
         self.check_every = check_every if self.graphs else 1
-        self.rows = self.length = self.max_new = 0
+        self.rows = self.length = 0
         self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self._pool = None
         self._warmup = None
@@ -85,12 +85,12 @@ class StaticDecoder:
 
     # -- buffers ------------------------------------------------------------------------
 
-    def _allocate(self, rows: int, length: int, max_new: int, dtype: torch.dtype) -> None:
+    def _allocate(self, rows: int, length: int, dtype: torch.dtype) -> None:
         """The cache and step state, kept between calls while they are large enough (a
         captured graph holds their addresses)."""
-        if rows <= self.rows and length <= self.length and max_new <= self.max_new:
+        if rows <= self.rows and length <= self.length:
             return
-        self.rows, self.length, self.max_new = max(rows, self.rows), max(length, self.length), max(max_new, self.max_new)
+        self.rows, self.length = max(rows, self.rows), max(length, self.length)
         self._graphs.clear()
         self._pool = None  # a pool outlives the graphs captured into it only with their memory
         shape = (self.rows, self.kv_heads, self.length, self.head_dim)
@@ -99,14 +99,17 @@ class StaticDecoder:
         self.values = [torch.zeros(shape, dtype=dtype, **on) for _ in self.layers]
         self.valid = torch.zeros(self.rows, self.length, dtype=torch.bool, **on)  # prompt padding is False
         self.columns = torch.arange(self.length, **on)
+        self.slots = torch.arange(self.rows, **on)
         self.token = torch.zeros(self.rows, dtype=torch.long, **on)
         self.position = torch.zeros(self.rows, dtype=torch.long, **on)
-        self.column = torch.zeros(1, dtype=torch.long, **on)  # the cache column this step writes
-        self.width = torch.zeros(1, dtype=torch.long, **on)  # the prompts' columns
+        self.column = torch.zeros(self.rows, dtype=torch.long, **on)  # the cache column each slot writes next
+        self.width = torch.zeros(self.rows, dtype=torch.long, **on)  # each slot's prompt columns
         self.source = torch.zeros(self.rows, dtype=torch.long, **on)  # the slot whose prompt columns a slot reads
-        self.step = torch.zeros(1, dtype=torch.long, **on)
-        self.out_tokens = torch.zeros(self.rows, self.max_new, dtype=torch.long, **on)
-        self.out_logprobs = torch.zeros(self.rows, self.max_new, dtype=torch.float32, **on)
+        # the sampled tokens and log-probs of the last steps, a ring the host reads every check_every steps
+        self.ring = 2 * self.check_every
+        self.step = torch.zeros(1, dtype=torch.long, **on)  # the ring's column this step writes
+        self.out_tokens = torch.zeros(self.rows, self.ring, dtype=torch.long, **on)
+        self.out_logprobs = torch.zeros(self.rows, self.ring, dtype=torch.float32, **on)
         if self.graphs:  # two pinned host buffers each, one being filled while the other is read
             size = self.rows * self.check_every
             self._host_tokens = [torch.empty(size, dtype=torch.long, pin_memory=True) for _ in range(2)]
@@ -133,12 +136,12 @@ class StaticDecoder:
     def release(self) -> None:
         """Drop the cache, step state, stacked projections and graphs; the next ``run``
         allocates and captures again."""
-        self.rows = self.length = self.max_new = 0
+        self.rows = self.length = 0
         self._graphs.clear()
         self._pool = None
         self._projections = None
-        for name in ("keys", "values", "valid", "columns", "token", "position", "column", "width", "source", "step",
-                     "out_tokens", "out_logprobs", "_host_tokens", "_host_logprobs"):
+        for name in ("keys", "values", "valid", "columns", "slots", "token", "position", "column", "width", "source",
+                     "step", "out_tokens", "out_logprobs", "_host_tokens", "_host_logprobs"):
             self.__dict__.pop(name, None)
 
     # -- one decode step ----------------------------------------------------------------
@@ -153,7 +156,7 @@ class StaticDecoder:
         cos, sin = self.decoder.rotary_emb(x, position)
         mask = None  # the Triton kernel reads the valid columns itself
         if not self.triton_attention:
-            mask = (self.valid[:b, :span] & (self.columns[:span] <= self.column))[:, None, None, :]
+            mask = (self.valid[:b, :span] & (self.columns[:span] <= self.column[:b, None]))[:, None, None, :]
         for i, (layer, stacked) in enumerate(zip(self.layers, self._projections)):
             q, k, v = self._qkv(layer, x, cos, sin, self.rope, stacked)
             x = self._mlp(layer, x, self._attention(i, q, k, v, mask, b, span))
@@ -163,8 +166,9 @@ class StaticDecoder:
         self.out_logprobs[:b].index_copy_(1, self.step, logprob[:, None])
         self.token[:b].copy_(token)
         self.position[:b].add_(1)
-        self.column.add_(1)
-        self.step.add_(1)
+        # a row that has ended but not yet left the batch writes on in its last column
+        self.column[:b].add_(1).clamp_(max=self.length - 1)
+        self.step.add_(1).remainder_(self.ring)
 
     def _attention(self, i, q, k, v, mask, b: int, span: int) -> torch.Tensor:
         """Write this step's key and value into the cache and attend over ``span`` columns."""
@@ -175,8 +179,8 @@ class StaticDecoder:
             out = decode_attention.decode_attention(q, k, v, self.keys[i], self.values[i], self.valid, self.column,
                                                     span, self.scale, self.source, self.width)
             return out.reshape(b, 1, -1)
-        self.keys[i][:b].index_copy_(2, self.column, k)
-        self.values[i][:b].index_copy_(2, self.column, v)
+        self.keys[i][self.slots[:b], :, self.column[:b]] = k[:, :, 0]
+        self.values[i][self.slots[:b], :, self.column[:b]] = v[:, :, 0]
         out = F.scaled_dot_product_attention(q, self.keys[i][:b, :, :span], self.values[i][:b, :, :span],
                                              attn_mask=mask, scale=self.scale)
         return out.reshape(b, 1, -1)
@@ -216,40 +220,60 @@ class StaticDecoder:
 
     # -- a batch ------------------------------------------------------------------------
 
-    def run(self, cache, logits: torch.Tensor, attention: torch.Tensor, positions: torch.Tensor, n: int,
-            params, seed: int, finished) -> tuple[list[list[int]], list[list[float]]]:
-        """Decode ``n`` samples of each prefilled prompt. ``cache`` holds the prompts' keys
-        and values (left-padded to ``attention``'s width), ``logits`` their last ones and
-        ``positions`` the position of each prompt's next token. ``finished(tokens)`` says
-        whether a row's completion is over. Returns each row's tokens and log-probs."""
+    def run(self, prefill, prompts: int, width: int, n: int, capacity: int, params, seed: int,
+            finished) -> tuple[list[list[int]], list[list[float]]]:
+        """Decode ``n`` samples of each of ``prompts`` prompts, at most ``capacity`` rows at
+        a time; returns each row's tokens and log-probs (row r is a sample of prompt r // n).
+
+        ``prefill(first, count)`` runs prompts ``[first, first + count)`` through the model
+        and returns their cache (keys and values left-padded to the attention mask's width),
+        last logits, attention mask and the position of each one's next token; ``width`` is
+        the longest prompt. ``finished(tokens)`` says whether a completion is over.
+
+        Prompts join as rows finish: once a quarter of the slots are free and prompts are
+        waiting, the rows still decoding move to the front and the next prompts are
+        prefilled into the slots behind them, so a few long completions do not keep a batch
+        of finished ones waiting. Each slot writes its own cache column.
+        """
         generator = self.generator.manual_seed(seed)
-        prompts, width = attention.shape
         rows, max_new = prompts * n, params.max_new_tokens
-        self._allocate(rows, width + max_new, max_new, self.head.weight.dtype)
+        capacity = min(capacity, rows)
+        self._allocate(capacity, width + max_new, self.head.weight.dtype)
         self._refresh_projections()
-        for i, layer in enumerate(cache.layers):
-            self.keys[i][:rows, :, :width] = layer.keys.repeat_interleave(n, 0)
-            self.values[i][:rows, :, :width] = layer.values.repeat_interleave(n, 0)
-        self.valid[:rows, :width] = attention.repeat_interleave(n, 0).bool()
-        self.valid[:rows, width:] = True  # decoded columns: masked by the step's column until written
-        self.position[:rows] = positions.repeat_interleave(n, 0)
-        self.column.fill_(width)
-        self.width.fill_(width)
-        self.step.fill_(1)
-
-        # the first token comes from the prefill's logits
-        token, logprob = sample(logits.repeat_interleave(n, 0), params, generator, banned=self.banned)
-        self.token[:rows] = token
-        self.out_tokens[:rows, 0] = token
-        self.out_logprobs[:rows, 0] = logprob
-
+        self.step.zero_()
         tokens: list[list[int]] = [[] for _ in range(rows)]
         logprobs: list[list[float]] = [[] for _ in range(rows)]
-        slots = list(range(rows))  # slot s of the batch decodes row slots[s]
-        self._share_prompts(slots, n)
-        self._draw_rows = None  # each slot's row, for the CPU's draws once slots move
         done = [False] * rows
-        written, read, b = 1, 0, rows  # output columns filled and read back; rows decoded
+        slots: list[int] = []  # slot s decodes row slots[s]
+        # a row's cache column at decode step t is offset[row] + t
+        offset = [0] * rows
+        admitted = decoded = read = 0  # prompts prefilled; decode steps run; steps read back
+
+        def admit(count: int) -> None:
+            """Prefill the next ``count`` prompts into the slots after the last one in use."""
+            nonlocal admitted
+            cache, logits, attention, positions = prefill(admitted, count)
+            columns, place = attention.shape[1], slice(len(slots), len(slots) + count * n)
+            for i, layer in enumerate(cache.layers):
+                self.keys[i][place, :, :columns] = layer.keys.repeat_interleave(n, 0)
+                self.values[i][place, :, :columns] = layer.values.repeat_interleave(n, 0)
+            self.valid[place, :columns] = attention.repeat_interleave(n, 0).bool()
+            self.valid[place, columns:] = True  # decoded columns: masked by the slot's column until written
+            self.position[place] = positions.repeat_interleave(n, 0)
+            self.column[place] = columns
+            self.width[place] = columns
+            new = range(admitted * n, (admitted + count) * n)
+            # the first token comes from the prefill's logits
+            token, logprob = sample(logits.repeat_interleave(n, 0), params, generator, self.banned,
+                                    _draw_rows(list(new), rows))
+            self.token[place] = token
+            for row, tok, lp in zip(new, token.tolist(), logprob.tolist()):
+                tokens[row].append(tok)
+                logprobs[row].append(lp)
+                done[row] = finished(tokens[row]) or max_new == 1
+                offset[row] = columns - decoded
+            slots.extend(new)
+            admitted += count
 
         def absorb(chunk, chunk_slots):
             new_tokens, new_logprobs = chunk()
@@ -259,47 +283,64 @@ class StaticDecoder:
                         break
                     tokens[row].append(tok)
                     logprobs[row].append(lp)
-                    done[row] = finished(tokens[row])
+                    done[row] = finished(tokens[row]) or len(tokens[row]) == max_new
 
+        admit(min(prompts, capacity // n))
+        b = self._bucket(len(slots), capacity)
+        # the furthest a slot's row has got: its cache column at decode step t is that + t
+        furthest = max(offset[row] for row in slots)
+        self._share_prompts(slots, n)
+        self._draw_rows = _draw_rows(slots, rows)  # each slot's row, for the CPU's draws once slots move
         # Under graphs a chunk copied out is read one chunk later: the host checks it while
         # the GPU decodes the next steps, instead of the GPU waiting for the host.
         pending = None
         while True:
-            if written % self.check_every == 0 or written == max_new:
-                chunk = (self._copy_out(len(slots), read, written), list(slots))
-                read = written
-                if pending is not None:
-                    absorb(*pending)
-                pending = chunk
-                if not self.graphs or written == max_new or all(done[row] for row in slots):
-                    absorb(*pending)
-                    pending = None
+            if decoded % self.check_every == 0:
+                if decoded > read:
+                    chunk = (self._copy_out(len(slots), read, decoded), list(slots))
+                    read = decoded
+                    if pending is not None:
+                        absorb(*pending)
+                    pending = chunk
+                    if not self.graphs or all(done[row] for row in slots):
+                        absorb(*pending)
+                        pending = None
                 alive = [s for s, row in enumerate(slots) if not done[row]]
-                if not alive or written == max_new:
+                waiting = prompts - admitted
+                if not alive and not waiting:
                     break
-                # finished rows stay in the batch until half of it is done: moving the cache
-                # every time a row ends took a fifth of a tiny model's CPU rollout
-                if len(alive) <= b // 2:
+                # finished rows stay in the batch until half of it is done, or a quarter of
+                # it can take new prompts: moving the cache every time a row ended took a
+                # fifth of a tiny model's CPU rollout
+                free = capacity - len(alive)
+                refill = waiting and free >= max(n, capacity // 4)
+                if refill or len(alive) <= b // 2:
                     self._compact(alive, b)
                     slots = [slots[s] for s in alive]
+                    if refill:
+                        admit(min(waiting, free // n))
+                    b = self._bucket(len(slots), capacity if refill else b)
                     self._share_prompts(slots, n)
-                    b = self._bucket(len(slots), b)
-                    self._draw_rows = (torch.tensor(slots), rows)
-            self._replay(b, self._span(width + written), params, generator)
-            written += 1
+                    self._draw_rows = _draw_rows(slots, rows)
+                    furthest = max((offset[row] for row in slots), default=0)
+            self._replay(b, self._span(min(self.length, furthest + decoded + 1)), params, generator)
+            decoded += 1
         return tokens, logprobs
 
     def _copy_out(self, n: int, start: int, end: int):
-        """Start copying output columns ``[start:end]`` of slots ``[:n]`` to the host; returns
-        a call that waits for the copy and gives them as lists."""
+        """Start copying the outputs of decode steps ``[start:end]`` (at most ``check_every``
+        of them, from a multiple of it: one stretch of the ring) of slots ``[:n]`` to the
+        host; returns a call that waits for the copy and gives them as lists."""
+        first = start % self.ring
+        columns = slice(first, first + end - start)
         if not self.graphs:
-            return lambda: (self.out_tokens[:n, start:end].tolist(), self.out_logprobs[:n, start:end].tolist())
+            return lambda: (self.out_tokens[:n, columns].tolist(), self.out_logprobs[:n, columns].tolist())
         self._flip ^= 1
         size = n * (end - start)
         host_tokens = self._host_tokens[self._flip][:size].view(n, end - start)
         host_logprobs = self._host_logprobs[self._flip][:size].view(n, end - start)
-        host_tokens.copy_(self.out_tokens[:n, start:end], non_blocking=True)
-        host_logprobs.copy_(self.out_logprobs[:n, start:end], non_blocking=True)
+        host_tokens.copy_(self.out_tokens[:n, columns], non_blocking=True)
+        host_logprobs.copy_(self.out_logprobs[:n, columns], non_blocking=True)
         copied = torch.cuda.Event()
         copied.record()
         return lambda: (copied.synchronize(), host_tokens.tolist(), host_logprobs.tolist())[1:]
@@ -311,12 +352,12 @@ class StaticDecoder:
             return columns
         return min(self.length, -(-columns // 128) * 128)
 
-    def _bucket(self, alive: int, b: int) -> int:
-        """The batch size that decodes ``alive`` rows: exact on the CPU, the smallest power
-        of two that holds them under graphs."""
+    def _bucket(self, alive: int, most: int) -> int:
+        """The batch size that decodes ``alive`` rows, at most ``most``: exact on the CPU, the
+        smallest power of two that holds them under graphs."""
         if not self.graphs:
             return alive
-        return min(b, 1 << (alive - 1).bit_length())
+        return min(most, 1 << max(alive - 1, 0).bit_length())
 
     def _share_prompts(self, slots: list[int], n: int) -> None:
         """Point each slot's prompt columns at the first slot decoding a sample of the same
@@ -329,14 +370,21 @@ class StaticDecoder:
         self.source[:len(source)] = torch.tensor(source)
 
     def _compact(self, alive: list[int], b: int) -> None:
-        """Move the slots still decoding to the front, in order."""
-        index = torch.tensor(alive, device=self.device)
+        """Move the slots still decoding to the front, in order (their outputs so far have
+        been copied out)."""
+        index = torch.tensor(alive, dtype=torch.long, device=self.device)
         n = len(alive)
         for buffers in (self.keys, self.values):
             for t in buffers:
                 t[:n] = t[:b].index_select(0, index)
-        for t in (self.valid, self.token, self.position, self.out_tokens, self.out_logprobs):
+        for t in (self.valid, self.token, self.position, self.column, self.width):
             t[:n] = t[:b].index_select(0, index)
+
+
+def _draw_rows(slots: list[int], rows: int) -> tuple[torch.Tensor, int] | None:
+    """``sample``'s ``rows`` for slots decoding rows ``slots`` of ``rows``: None while they
+    are all the rows in order."""
+    return None if slots == list(range(rows)) else (torch.tensor(slots), rows)
 
 
 def _stacked(attn) -> tuple[torch.Tensor, torch.Tensor | None] | None:
