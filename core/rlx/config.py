@@ -138,7 +138,7 @@ class RolloutConfig:
     top_k: int = opt(0, "sample from the k most likely tokens (0: off)")
     max_new_tokens: int = opt(64, "longest response, in tokens")
     stop: list[str] = opt([], "stop strings that end a response")
-    max_batch_size: int = opt(256, "sequences decoded together by the native engine")
+    max_batch_size: int = opt(256, "sequences decoded together by the native engine (prompts join as rows finish)")
     cuda_graphs: bool = opt(True, "native engine on a GPU: replay each decode step from a captured CUDA graph")
     num_engines: int = opt(1, "rollout engines (ray: one actor each); a step's prompts are split evenly over them")
     tensor_parallel_size: int = opt(1, "vllm: devices each engine shards the model over")
