@@ -98,17 +98,19 @@ def test_rollout_training_and_transformers_log_probs_agree(arch, request, shapes
             scores(*with_images[0])
 
 
-@pytest.mark.parametrize("sampling", [dict(greedy=True), dict(seed=3), dict(seed=3, top_p=0.9)],
-                         ids=["greedy", "sampled", "top-p"])
-def test_the_static_decoder_samples_what_the_plain_loop_does(tiny_vl, shapes, sampling):
+@pytest.mark.parametrize("sampling,slots", [(dict(greedy=True), 64), (dict(seed=3), 64), (dict(seed=3, top_p=0.9), 64),
+                                            (dict(greedy=True), 4)],
+                         ids=["greedy", "sampled", "top-p", "greedy-joining"])
+def test_the_static_decoder_samples_what_the_plain_loop_does(tiny_vl, shapes, sampling, slots):
     """Prompts with images decode in the static decoder (a text token's M-RoPE position is
-    the same on every axis) and give the plain transformers loop's tokens and log-probs."""
+    the same on every axis) and give the plain transformers loop's tokens and log-probs;
+    with room for 2 prompts, the rest join as rows finish."""
     rows, tokenizer, encode = shapes_prompts(tiny_vl, shapes, 2)
     rows.append({"prompt": "What colour is grass?", "label": "green"})
     rows += video_rows(rows[0]["images"])
     prompts = [encode(r) for r in rows]
     model = models.load_causal_lm(ModelConfig(path=tiny_vl), torch.device("cpu"), trainable=False)
-    engine = NativeEngine(model, tokenizer)
+    engine = NativeEngine(model, tokenizer, max_batch_size=slots)
     assert engine.static is not None
     params = SamplingParams(n=2, max_new_tokens=12, **sampling)
     args = ([p["prompt_ids"] for p in prompts], params, [p["inputs"] for p in prompts])
