@@ -85,11 +85,12 @@ class NativeEngine(RolloutEngine):
 
     The engine holds a reference to ``model``: when that is the actor being trained,
     generation sees every optimizer step at once and ``update_weights(model)`` is a
-    no-op. Batches hold up to ``max_batch_size`` sequences, and always whole groups of
-    the n samples of a prompt: each prompt is prefilled once and its KV cache copied to
-    its n samples. Llama-family models then decode with a static cache (and on CUDA,
-    unless ``cuda_graphs`` is off, from captured CUDA graphs: ``rlx.engines.static_decode``);
-    others with transformers' growing cache, rows leaving the batch as they finish.
+    no-op. Up to ``max_batch_size`` sequences decode at once, always whole groups of the n
+    samples of a prompt: each prompt is prefilled once and its KV cache copied to its n
+    samples. Llama-family models then decode with a static cache (and on CUDA, unless
+    ``cuda_graphs`` is off, from captured CUDA graphs: ``rlx.engines.static_decode``), the
+    next prompts joining as rows finish; others with transformers' growing cache, a batch
+    at a time, rows leaving it as they finish.
 
     Log-probs are taken under softmax(logits / T) before top-k/top-p truncation, the
     distribution the trainer recomputes (docs/algorithms/README.md: training log-probs
