@@ -1,7 +1,7 @@
-"""The sampling kernel (``rlx.engines.draw``, CUDA only) run by Triton's interpreter on the
+"""The sampling kernels (``rlx.engines.draw``, CUDA only) run by Triton's interpreter on the
 CPU: tokens drawn with their probabilities under softmax(z / T), the exact log-prob of
 each, banned ids never drawn but kept in the normaliser, rows longer than a block, seeds
-that repeat a draw and calls that draw afresh; and the kernel compiled for an H200."""
+that repeat a draw and calls that draw afresh; and the kernels compiled for an H200."""
 
 import json
 import math
@@ -88,18 +88,23 @@ def test_a_seed_repeats_a_draw_and_the_next_call_draws_afresh(checked):
     assert seeds["fresh"] > 0.8  # 12 equally likely tokens: a repeat has probability 1/12
 
 
-def test_the_kernel_compiles_for_an_h200():
-    """The interpreter runs the kernel's Python; this lowers it to H200 machine code (sm_90),
+def test_the_kernels_compile_for_an_h200():
+    """The interpreter runs the kernels' Python; this lowers them to H200 machine code (sm_90),
     which catches what only the compiler rejects."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, compile
 
-    from rlx.engines.draw import _draw
+    from rlx.engines.draw import _block_sums, _pick
 
-    signature = {"Logits": "*bf16", "Allowed": "*i1", "Seed": "*i64", "Tokens": "*i64", "Logprobs": "*fp32",
-                 "vocab": "i32", "stride": "i32", "inverse_temperature": "fp32", "BANNED": "constexpr",
-                 "BLOCK": "constexpr"}
+    common = {"Logits": "*bf16", "Allowed": "*i1", "Top": "*fp32", "Total": "*fp32", "Drawable": "*fp32"}
+    sums = {**common, "vocab": "i32", "stride": "i32", "blocks": "i32", "inverse_temperature": "fp32",
+            "BANNED": "constexpr", "BLOCK": "constexpr"}
+    pick = {**common, "Seed": "*i64", "Tokens": "*i64", "Logprobs": "*fp32", "vocab": "i32", "stride": "i32",
+            "blocks": "i32", "inverse_temperature": "fp32", "BANNED": "constexpr", "BLOCK": "constexpr",
+            "BLOCKS": "constexpr"}
     for banned in (False, True):
-        kernel = compile(ASTSource(fn=_draw, signature=signature, constexprs={"BANNED": banned, "BLOCK": 2048}),
-                         target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
-        assert kernel.asm["cubin"]
+        for fn, signature, constants in ((_block_sums, sums, {"BANNED": banned, "BLOCK": 2048}),
+                                         (_pick, pick, {"BANNED": banned, "BLOCK": 2048, "BLOCKS": 128})):
+            kernel = compile(ASTSource(fn=fn, signature=signature, constexprs=constants),
+                             target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+            assert kernel.asm["cubin"]

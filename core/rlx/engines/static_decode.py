@@ -8,7 +8,7 @@ cache never moves, the mask is one comparison, and on CUDA a whole step (forward
 sampling, bookkeeping) is one graph replay, so the GPU never waits for Python. Inside
 it, the work between the matmuls runs compiled, the query, key and value projections are
 one matmul, attention (with the cache write) is a Triton kernel (``decode_attention``) and
-so is sampling (``draw``).
+sampling two more (``draw``).
 
 Rows that finish keep their slot until the batch is compacted: on CUDA when half the
 rows are done (graphs are captured per batch-size and cache-length bucket), on the CPU
@@ -434,8 +434,8 @@ def sample(logits: torch.Tensor, params, generator: torch.Generator | None, bann
 
     A draw is one uniform per row through the cumulative distribution: the exponential
     race's uniform per row and token took about a tenth of a tiny model's CPU rollout. On
-    CUDA, where nothing may sync with the host inside a graph, an unrestricted draw is one
-    Triton kernel (``rlx.engines.draw``), and a top-k/top-p one the exponential race
+    CUDA, where nothing may sync with the host inside a graph, an unrestricted draw is two
+    Triton kernels (``rlx.engines.draw``), and a top-k/top-p one the exponential race
     (arg-max of p_i / E_i with E_i ~ Exp(1), which picks i with probability p_i). ``rows``
     (these rows' places among all the batch's rows, and how many there are) gives a row the
     same uniform on the CPU whichever rows are still decoding. Like top-k, ``banned`` ids
