@@ -10,11 +10,16 @@ head size of 128, with prompt padding masking whole leading blocks of some rows.
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from rlx.engines.decode_attention import decode_attention
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_timing import graph_us  # noqa: E402
 
 
 def case(rows: int, kv_heads: int, groups: int, d: int, length: int, span: int) -> dict:
@@ -91,19 +96,7 @@ def sweep() -> dict:
                 except Exception as e:  # a setting that needs more shared memory than the SM has
                     times[f"{block}/{warps}/{stages}"] = repr(e)[:80]
                     continue
-                # 20 calls captured in one graph: the kernel's own time, without Python's launch cost
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    for _ in range(20):
-                        fn()
-                graph.replay()
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                for _ in range(5):
-                    graph.replay()
-                end.record()
-                torch.cuda.synchronize()
-                times[f"{block}/{warps}/{stages}"] = round(start.elapsed_time(end) / 100 * 1000, 2)
+                times[f"{block}/{warps}/{stages}"] = round(graph_us(fn), 2)
     return times
 
 

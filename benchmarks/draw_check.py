@@ -10,33 +10,21 @@ checks that their draws follow softmax(z / T) and their log-probs match log_soft
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import torch
 
 from rlx.engines.draw import draw
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_timing import graph_us  # noqa: E402
 
 
 def torch_race(logits, uniform, temperature: float):
     scaled = logits.float() / temperature
     token = (scaled - torch.log(-torch.log(uniform))).argmax(-1)
     return token, scaled.gather(-1, token[:, None]).squeeze(-1) - scaled.logsumexp(-1)
-
-
-def graph_us(fn, calls: int = 20) -> float:
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(5):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / (5 * calls) * 1000
 
 
 def main() -> None:
