@@ -37,7 +37,8 @@ def main() -> None:
         uniform.uniform_(generator=generator)
         return compiled(logits, uniform, 0.9)
 
-    results = {"baseline_us": graph_us(baseline), "kernel_us": graph_us(lambda: draw(logits, 0.9, generator))}
+    results = {"baseline_us": graph_us(baseline, generator=generator),
+               "kernel_us": graph_us(lambda: draw(logits, 0.9, generator), generator=generator)}
     results["baseline_over_kernel"] = results["baseline_us"] / results["kernel_us"]
     results["kernel_tb_per_s"] = logits.numel() * 2 / results["kernel_us"] / 1e6
     token, logprob = draw(logits, 0.9, generator)
@@ -50,7 +51,8 @@ def main() -> None:
     sweep = {}
     for block in (1024, 2048, 4096, 8192):
         for warps in (2, 4, 8):
-            sweep[f"{block}/{warps}"] = round(graph_us(lambda: draw(logits, 0.9, generator, block=block, warps=warps)), 2)
+            sweep[f"{block}/{warps}"] = round(graph_us(lambda: draw(logits, 0.9, generator, block=block, warps=warps),
+                                                      generator=generator), 2)
     results["settings_us"] = sweep
     print(json.dumps(results))
     assert results["logprob_max_diff"] < 1e-3 and results["frequency_max_diff"] < 0.005, results

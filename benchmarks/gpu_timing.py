@@ -6,11 +6,14 @@ from __future__ import annotations
 import torch
 
 
-def graph_us(fn, calls: int = 20, replays: int = 5) -> float:
-    """Microseconds per call of ``fn`` (run once first: compilation, autotuning)."""
+def graph_us(fn, calls: int = 20, replays: int = 5, generator: torch.Generator | None = None) -> float:
+    """Microseconds per call of ``fn`` (run once first: compilation, autotuning); a
+    ``generator`` that ``fn`` draws from is registered with the graph."""
     fn()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
+    if generator is not None:
+        graph.register_generator_state(generator)
     with torch.cuda.graph(graph):
         for _ in range(calls):
             fn()
