@@ -26,7 +26,7 @@ def supported(head_dim: int, groups: int, device: torch.device) -> bool:
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                      valid: torch.Tensor, column: torch.Tensor, span: int, scale: float, source: torch.Tensor,
-                     width: torch.Tensor, *, block: int = 64, warps: int = 2, stages: int = 2) -> torch.Tensor:
+                     width: torch.Tensor, *, block: int = 32, warps: int = 2, stages: int = 3) -> torch.Tensor:
     """Write this step's key and value ``k``/``v`` into each row's cache column ``column[r]``
     and return softmax(q·Kᵀ·scale)·V over the row's cache columns ``[:span]`` that are
     ``valid`` and not past its column.
