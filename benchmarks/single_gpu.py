@@ -183,6 +183,7 @@ ARMS = {
     "grpo_lean": ["rollout.sleep=true", "training.compile_memory=0.8"],
     # micro-batches of 32 (50 % MFU on the update alone) with fewer activations kept: within TRL's peak?
     "grpo_mb32": ["rollout.sleep=true", "training.micro_batch_size=32", "training.compile_memory=0.6"],
+    "grpo_mb32_lean": ["rollout.sleep=true", "training.micro_batch_size=32", "training.compile_memory=0.5"],
     # the next rollout generated while the policy trains, on the same GPU
     "grpo_overlap": ["rollout.overlap=true", "algorithm.off_policy_correction=tis", "training.compile_memory=1"],
     "grpo_overlap_lean": ["rollout.overlap=true", "algorithm.off_policy_correction=tis",
