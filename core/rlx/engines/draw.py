@@ -26,7 +26,7 @@ def supported(device: torch.device) -> bool:
 
 
 def draw(logits: torch.Tensor, temperature: float, generator: torch.Generator | None,
-         banned: torch.Tensor | None = None, *, block: int = 2048, warps: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+         banned: torch.Tensor | None = None, *, block: int = 2048, warps: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's token drawn from softmax(logits / T) and its log-prob under it. ``banned``
     ids are never drawn but stay in the log-prob's normaliser (as top-k would leave them).
     Returns (tokens [rows] int64, log-probs [rows] float32).
