@@ -12,7 +12,8 @@ the same call:
 A step's time is what the driver waits for: the rollout (with overlap, only the part not
 hidden behind the last update), the update and the weight sync.
 
-    python benchmarks/single_gpu.py [--parts rollout,grpo,grpo_awake,grpo_sleep,grpo_lean,grpo_overlap,grpo_overlap_lean,trl]
+    python benchmarks/single_gpu.py [--parts rollout,grpo,grpo_awake,grpo_sleep,grpo_lean,grpo_mb32,grpo_mb32_lean,
+                                             grpo_overlap,grpo_overlap_lean,trl]
                                     [--steps 4] [--out DIR]
 
 Prints a table and writes ``single_gpu.json`` to ``--out``.
@@ -181,7 +182,8 @@ ARMS = {
     # asleep, and compiled layers that recompute elementwise outputs rather than keep them:
     # the defaults on one GPU
     "grpo_lean": ["rollout.sleep=true", "training.compile_memory=0.8"],
-    # micro-batches of 32 (50 % MFU on the update alone) with fewer activations kept: within TRL's peak?
+    # micro-batches of 32 (50 % MFU on the update alone) with fewer activations kept: 0.6 peaked
+    # 0.1 GiB above TRL, 0.5 1.2 GiB below it at the same speed (docs/benchmarks.md)
     "grpo_mb32": ["rollout.sleep=true", "training.micro_batch_size=32", "training.compile_memory=0.6"],
     "grpo_mb32_lean": ["rollout.sleep=true", "training.micro_batch_size=32", "training.compile_memory=0.5"],
     # the next rollout generated while the policy trains, on the same GPU
