@@ -118,7 +118,6 @@ def rollout_part(model_dir: str, data: Path, results: dict) -> None:
     rlx_rate = generated / statistics.median(t for _, t in runs)
     same_seed = all(a.token_ids == b.token_ids for a, b in zip(runs[0][0], runs[1][0]))
 
-
     # the engine's log-probs against the trainer's forward over the same tokens
     batch = batch_of_completions([p for p in prompts for _ in range(SAMPLES)], completions, tokenizer.pad_token_id,
                                  [0.0] * len(completions), [i // SAMPLES for i in range(len(completions))], "cuda")
