@@ -46,3 +46,13 @@ def test_out_of_rounds_the_batch_is_filled_without_repeats():
     assert metrics["sampler/rounds"] == 1
     kept = sum(i % 3 == 1 for i in ids)
     assert metrics["sampler/pass_rate"] == kept / 6
+
+
+def test_prompt_stream_is_a_fresh_permutation_each_epoch_and_resumes_from_its_cursor():
+    first = stream(10)
+    taken = [p["prompt_ids"][0] for p in first.take(25)]
+    assert sorted(taken[:10]) == sorted(taken[10:20]) == list(range(10))  # each epoch sees every prompt once
+    assert taken[:10] != taken[10:20]
+    resumed = stream(10)
+    resumed.cursor = 13  # as a checkpoint restores it, mid-epoch
+    assert [p["prompt_ids"][0] for p in resumed.take(12)] == taken[13:25]
