@@ -28,6 +28,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from rlx import data, models, multimodal, ops
@@ -56,18 +57,22 @@ def batch_of_completions(prompt_ids: list[list[int]], completions: list, pad_id:
     (one ``ModelInputs`` per sample) adds image tensors and multi-axis positions."""
     prompt_len = max(len(p) for p in prompt_ids)
     response_len = max(1, max(len(c.token_ids) for c in completions))
-    rows, attention, actions, logps = [], [], [], []
-    for p, c in zip(prompt_ids, completions):
-        r = c.token_ids
-        left, right = prompt_len - len(p), response_len - len(r)
-        rows.append([pad_id] * left + p + r + [pad_id] * right)
-        attention.append([0] * left + [1] * (len(p) + len(r)) + [0] * right)
-        actions.append(list(getattr(c, "action_mask", None) or [1] * len(r)) + [0] * right)  # an episode masks its observations
+    # filled in numpy arrays: torch.tensor over nested lists took 8 ms a W0 step
+    rows = np.full((len(completions), prompt_len + response_len), pad_id, dtype=np.int64)
+    attention = np.zeros(rows.shape, dtype=np.int64)
+    actions = np.zeros((len(completions), response_len), dtype=np.float32)
+    logps = np.zeros(actions.shape, dtype=np.float32)
+    has_logps = all(c.logprobs is not None for c in completions)
+    for i, (p, c) in enumerate(zip(prompt_ids, completions)):
+        r, start, end = c.token_ids, prompt_len - len(p), prompt_len + len(c.token_ids)
+        rows[i, start:prompt_len], rows[i, prompt_len:end] = p, r
+        attention[i, start:end] = 1
+        actions[i, :len(r)] = getattr(c, "action_mask", None) or 1  # an episode masks its observations
         if c.logprobs is not None and len(c.logprobs) != len(r):
             raise ValueError(f"the rollout engine gave {len(c.logprobs)} log-probs for {len(r)} tokens")
-        logps.append(None if c.logprobs is None else list(c.logprobs) + [0.0] * right)
-    attention_mask = torch.tensor(attention, device=device)
-    has_logps = all(lp is not None for lp in logps)
+        if has_logps:
+            logps[i, :len(r)] = c.logprobs
+    attention_mask = torch.from_numpy(attention).to(device)
     positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     extra, extra_rows = {}, {}
     if inputs is not None:
@@ -78,14 +83,14 @@ def batch_of_completions(prompt_ids: list[list[int]], completions: list, pad_id:
             positions = multimodal.padded_positions([i.positions for i in inputs], lengths, prompt_len + response_len,
                                                     left=True).to(device)
     return Batch(
-        input_ids=torch.tensor(rows, device=device),
+        input_ids=torch.from_numpy(rows).to(device),
         attention_mask=attention_mask,
         position_ids=positions,
-        action_mask=torch.tensor(actions, device=device, dtype=torch.float32),
+        action_mask=torch.from_numpy(actions).to(device),
         prompt_len=prompt_len,
         rewards=torch.tensor(rewards, device=device, dtype=torch.float32),
         group_ids=torch.tensor(group_ids, device=device),
-        rollout_logp=torch.tensor(logps, device=device, dtype=torch.float32) if has_logps else None,
+        rollout_logp=torch.from_numpy(logps).to(device) if has_logps else None,
         extra=extra,
         extra_rows=extra_rows,
     )
@@ -95,11 +100,11 @@ def token_versions(completions: list, made_by: int, width: int) -> torch.Tensor:
     """[B, R] the policy version that sampled each response token: a completion's own
     record (a partial rollout's), else ``made_by`` throughout; the padding repeats a
     sample's last version."""
-    rows = []
-    for c in completions:
-        versions = list(c.versions) if c.versions is not None else [made_by] * len(c.token_ids)
-        rows.append(versions + [versions[-1] if versions else made_by] * (width - len(versions)))
-    return torch.tensor(rows)
+    out = np.full((len(completions), width), made_by, dtype=np.int64)
+    for i, c in enumerate(completions):
+        if c.versions:
+            out[i, :len(c.versions)], out[i, len(c.versions):] = c.versions, c.versions[-1]
+    return torch.from_numpy(out)
 
 
 class AdaptiveKL:
