@@ -34,8 +34,10 @@ def reference(model, batch, temperature):
 @pytest.mark.parametrize("tie", [True, False])
 @pytest.mark.parametrize("entropy_grad", [False, True])  # the hand-written backward, and autograd's replay
 @pytest.mark.parametrize("temperature", [0.7, 1.0])  # at 1 the entropy shares the log-probs' normaliser
-def test_chunked_head_matches_full_logits_and_their_gradients(tie, entropy_grad, temperature, monkeypatch):
+@pytest.mark.parametrize("keep", [True, False])  # the probabilities kept for the backward pass, or recomputed
+def test_chunked_head_matches_full_logits_and_their_gradients(tie, entropy_grad, temperature, keep, monkeypatch):
     monkeypatch.setattr(forward, "_CHUNK_ELEMENTS", 97 * 4)  # chunks of 4 tokens
+    monkeypatch.setattr(forward, "_KEEP_ELEMENTS", 1 << 24 if keep else 0)
     model, batch = model_and_batch(tie)
     weights = torch.randn(3, 5)
     logp, entropy = forward.response_logprobs(model, batch, temperature, with_entropy=True, entropy_grad=entropy_grad)

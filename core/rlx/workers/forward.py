@@ -31,6 +31,10 @@ def minibatches(batch: Batch, *, epochs: int, size: int, seed: int) -> Iterator[
 
 # tokens whose float32 logits a chunk holds at once: 2^27 elements (512 MiB) of them
 _CHUNK_ELEMENTS = 1 << 27
+# Off CUDA, a pass whose probabilities take at most 2^24 float32 elements (64 MiB) keeps
+# them for the backward pass rather than recomputing logits and softmax there (a quarter
+# of the output head's time on W0's CPU update).
+_KEEP_ELEMENTS = 1 << 24
 
 
 def response_logprobs(model, batch: Batch, temperature: float, *, with_entropy: bool = False,
@@ -137,13 +141,14 @@ def _head_logprobs(head, hidden: torch.Tensor, labels: torch.Tensor, temperature
     # A plain linear head (not LoRA-wrapped, not a ZeRO-3 shard) takes the hand-written
     # backward, which recomputes only the logits; otherwise autograd replays the chunk.
     direct = type(head) is torch.nn.Linear and head.bias is None and not hasattr(head.weight, "ds_id")
+    keep = hidden.device.type != "cuda" and len(hidden) * vocab <= _KEEP_ELEMENTS
     parts = []
     for start in range(0, len(hidden), size):
         h, y = hidden[start:start + size], labels[start:start + size]
         if not torch.is_grad_enabled():
             parts.append(_chunk(head, h, y, temperature, with_entropy))
         elif direct and not entropy_grad:
-            parts.append(_HeadLogprob.apply(h, head.weight, y, temperature, with_entropy))
+            parts.append(_HeadLogprob.apply(h, head.weight, y, temperature, with_entropy, keep))
         else:
             parts.append(checkpoint(_chunk, head, h, y, temperature, with_entropy, use_reentrant=False))
     if not parts:  # no action tokens: empty results that still reach the graph
@@ -218,23 +223,45 @@ def _fused(fn, logits: torch.Tensor):
 class _HeadLogprob(torch.autograd.Function):
     """log softmax(h·Wᵀ / T) at the labels (and the entropy of softmax(h·Wᵀ), as a value
     only) for one chunk of tokens. Saves the chunk's hidden states and one normaliser per
-    token; the backward pass recomputes the logits once: ∂logp/∂z = (onehot − softmax(z/T)) / T."""
+    token, and the backward pass recomputes the logits once: ∂logp/∂z = (onehot − softmax(z/T)) / T.
+    With ``keep`` it saves softmax(z/T) itself instead."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, labels, temperature, with_entropy):
+    def forward(ctx, hidden, weight, labels, temperature, with_entropy, keep=False):
         logits = hidden @ weight.t()
-        logp, lse, entropy = _fused(_stats, logits)(logits, labels, temperature, with_entropy)
-        ctx.save_for_backward(hidden, weight, labels, lse)
-        ctx.temperature = temperature
+        ctx.temperature, ctx.keep = temperature, keep
+        if keep:
+            logp, probs, entropy = _stats_kept(logits, labels, temperature, with_entropy)
+            ctx.save_for_backward(hidden, weight, labels, probs)
+        else:
+            logp, lse, entropy = _fused(_stats, logits)(logits, labels, temperature, with_entropy)
+            ctx.save_for_backward(hidden, weight, labels, lse)
         ctx.mark_non_differentiable(entropy)
         return logp, entropy
 
     @staticmethod
     def backward(ctx, grad_logp, grad_entropy):
-        hidden, weight, labels, lse = ctx.saved_tensors
-        logits = hidden @ weight.t()
-        grad = _fused(_logits_grad, logits)(logits, lse, labels, grad_logp, ctx.temperature)
-        return grad @ weight, grad.t() @ hidden, None, None, None
+        hidden, weight, labels, saved = ctx.saved_tensors
+        if ctx.keep:
+            g = grad_logp.float() / ctx.temperature
+            grad = (saved * -g[:, None]).scatter_add_(-1, labels[:, None], g[:, None]).to(hidden.dtype)
+        else:
+            logits = hidden @ weight.t()
+            grad = _fused(_logits_grad, logits)(logits, saved, labels, grad_logp, ctx.temperature)
+        return grad @ weight, grad.t() @ hidden, None, None, None, None
+
+
+def _stats_kept(logits, labels, temperature: float, with_entropy: bool):
+    """log softmax(z / T) at the labels, softmax(z / T), and the entropy of softmax(z) when asked."""
+    logprobs = (logits.float() if temperature == 1 else logits.float() / temperature).log_softmax(-1)
+    probs = logprobs.exp()
+    logp = logprobs.gather(-1, labels[:, None]).squeeze(-1)
+    if not with_entropy:
+        return logp, probs, logp.new_zeros(0)
+    if temperature != 1:
+        untempered = logits.float().log_softmax(-1)
+        return logp, probs, -torch.linalg.vecdot(untempered.exp(), untempered)
+    return logp, probs, -torch.linalg.vecdot(probs, logprobs)
 
 
 def response_values(critic, batch: Batch) -> torch.Tensor:
