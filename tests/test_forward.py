@@ -111,10 +111,41 @@ def test_auto_picks_the_varlen_kernel_only_for_packed_models_on_cuda(monkeypatch
     from rlx import models
 
     monkeypatch.setattr(models.importlib.util, "find_spec", lambda name: None)  # no flash-attn
-    assert models.attn_implementation("auto", "cpu", packed=True) == "sdpa"
+    assert models.attn_implementation("auto", "cpu", packed=True) == "rlx_sdpa"
+    assert models.attn_implementation("auto", "cpu", packed=False) == "rlx_sdpa"
     monkeypatch.setattr(varlen, "available", lambda device: torch.device(device).type == "cuda")
     assert models.attn_implementation("auto", "cuda", packed=True) == "rlx_varlen"
     assert models.attn_implementation("auto", "cuda", packed=False) == "sdpa"
+
+
+def test_rlx_sdpa_matches_sdpa_on_a_padded_grouped_query_batch(monkeypatch):
+    from transformers.integrations import sdpa_attention
+
+    from rlx import sdpa
+
+    sdpa.register()
+    repeats = []  # transformers' SDPA copies the key heads; rlx_sdpa must not
+    repeat_kv = sdpa_attention.repeat_kv
+    monkeypatch.setattr(sdpa_attention, "repeat_kv", lambda *a: repeats.append(1) or repeat_kv(*a))
+    model, batch = model_and_batch(False)  # two query heads per key head
+    batch.attention_mask[1, :2] = 0
+    batch.position_ids = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
+    results = []
+    for attention in ("sdpa", "rlx_sdpa"):
+        model.set_attn_implementation(attention)
+        model.zero_grad()
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                       position_ids=batch.position_ids).logits
+        (logits * torch.linspace(-1, 1, logits.shape[-1])).sum().backward()
+        results.append((logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+        if attention == "sdpa":
+            assert repeats
+            repeats.clear()
+    assert not repeats
+    (want, want_grads), (got, got_grads) = results
+    assert torch.allclose(got, want, atol=1e-5)
+    for name in want_grads:
+        assert torch.allclose(got_grads[name], want_grads[name], atol=1e-5), name
 
 
 def test_rlx_varlen_finds_a_packed_row_from_its_positions_alone():

@@ -63,8 +63,8 @@ def test_attention_choice(monkeypatch):
         models.attn_implementation("flash_attention_2", "cuda")
     monkeypatch.setattr(models.importlib.util, "find_spec", lambda name: object())
     assert models.attn_implementation("auto", "cuda") == "flash_attention_2"
-    assert models.attn_implementation("auto", CPU) == "sdpa"
-    assert models.attn_implementation("auto") == ("flash_attention_2" if torch.cuda.is_available() else "sdpa")
+    assert models.attn_implementation("auto", CPU) == "rlx_sdpa"
+    assert models.attn_implementation("auto") == ("flash_attention_2" if torch.cuda.is_available() else "rlx_sdpa")
     assert models.attn_implementation("eager", "cuda") == "eager"
 
 
@@ -135,7 +135,7 @@ def test_causal_lm_options(lm_path):
     cfg = ModelConfig(path=str(lm_path), dtype="bfloat16", gradient_checkpointing=True)
     model = models.load_causal_lm(cfg, CPU)
     assert model.dtype is torch.bfloat16 and model.training
-    assert model.config._attn_implementation == "sdpa"
+    assert model.config._attn_implementation == "rlx_sdpa"
     assert model.is_gradient_checkpointing and not model.config.use_cache
     models.token_logprobs(model, _ids()).sum().backward()
     assert all(p.grad is not None for p in model.parameters())

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from rlx import varlen
+from rlx import sdpa, varlen
 from rlx.config import ModelConfig
 from rlx.errors import ModelError
 
@@ -54,17 +54,23 @@ def resolve_dtype(name: str, device: torch.device | str) -> torch.dtype:
 def attn_implementation(name: str, device: torch.device | str | None = None, packed: bool = False) -> str:
     """``auto`` takes flash-attn when it is installed and the device (by default the
     GPU when there is one) is CUDA; else, for a model that trains on packed rows on
-    CUDA, torch's own variable-length kernel (``rlx.varlen``); else SDPA."""
+    CUDA, torch's own variable-length kernel (``rlx.varlen``); else, on the CPU, SDPA
+    with grouped-query heads read in place (``rlx.sdpa``); else SDPA."""
     has_flash = importlib.util.find_spec("flash_attn") is not None
     if name == "auto":
         device = torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
         if has_flash and device.type == "cuda":
             return "flash_attention_2"
-        name = varlen.NAME if packed and varlen.available(device) else "sdpa"
+        if packed and varlen.available(device):
+            name = varlen.NAME
+        else:
+            name = sdpa.NAME if device.type == "cpu" else "sdpa"
     if name == "flash_attention_2" and not has_flash:
         raise ModelError("model.attn_implementation is flash_attention_2 but flash-attn is not installed")
     if name == varlen.NAME:
         varlen.register()
+    if name == sdpa.NAME:
+        sdpa.register()
     return name
 
 
