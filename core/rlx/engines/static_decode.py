@@ -141,7 +141,7 @@ class StaticDecoder:
         self._pool = None
         self._projections = None
         for name in ("keys", "values", "valid", "columns", "slots", "token", "position", "column", "width", "source",
-                     "step", "out_tokens", "out_logprobs", "_host_tokens", "_host_logprobs"):
+                     "step", "out_tokens", "out_logprobs", "_host_tokens", "_host_logprobs", "_cos", "_sin"):
             self.__dict__.pop(name, None)
 
     # -- one decode step ----------------------------------------------------------------
@@ -149,6 +149,19 @@ class StaticDecoder:
     def _forward(self, b: int, span: int, params, generator) -> None:
         """Embed the last token of rows ``[:b]``, attend over cache columns ``[:span]``,
         sample the next token and record it: every write in place, so a graph can replay it."""
+        x = self._layers_graphed(b, span) if self.graphs else self._layers_eager(b, span)
+        logits = self.head(self.decoder.norm(x))
+        token, logprob = sample(logits, params, generator, self.banned, self._draw_rows)
+        self.out_tokens[:b].index_copy_(1, self.step, token[:, None])
+        self.out_logprobs[:b].index_copy_(1, self.step, logprob[:, None])
+        self.token[:b].copy_(token)
+        self.position[:b].add_(1)
+        # a row that has ended but not yet left the batch writes on in its last column
+        self.column[:b].add_(1).clamp_(max=self.length - 1)
+        self.step.add_(1).remainder_(self.ring)
+
+    def _layers_graphed(self, b: int, span: int) -> torch.Tensor:
+        """The decoder layers' output for rows ``[:b]`` [b, hidden], as a CUDA graph captures them."""
         x = self.decoder.embed_tokens(self.token[:b, None])
         position = self.position[:b, None]
         if self.mrope:  # [axes, b, 1]: a text token sits at the same position on every axis
@@ -160,15 +173,37 @@ class StaticDecoder:
         for i, (layer, stacked) in enumerate(zip(self.layers, self._projections)):
             q, k, v = self._qkv(layer, x, cos, sin, self.rope, stacked)
             x = self._mlp(layer, x, self._attention(i, q, k, v, mask, b, span))
-        logits = self.head(self.decoder.norm(x)[:, 0])
-        token, logprob = sample(logits, params, generator, self.banned, self._draw_rows)
-        self.out_tokens[:b].index_copy_(1, self.step, token[:, None])
-        self.out_logprobs[:b].index_copy_(1, self.step, logprob[:, None])
-        self.token[:b].copy_(token)
-        self.position[:b].add_(1)
-        # a row that has ended but not yet left the batch writes on in its last column
-        self.column[:b].add_(1).clamp_(max=self.length - 1)
-        self.step.add_(1).remainder_(self.ring)
+        return x[:, 0]
+
+    def _layers_eager(self, b: int, span: int) -> torch.Tensor:
+        """``_layers_graphed`` on the CPU, where every op is a dispatch of its own: the rotary
+        embedding is read from a table made once a run (``_rotary_table``), and it turns
+        the query and key heads together (a tenth of a tiny model's CPU rollout)."""
+        x = self.decoder.embed_tokens(self.token[:b])
+        position = self.position[:b]
+        cos, sin = self._cos[position], self._sin[position]  # [b, 1, head_dim]
+        mask = (self.valid[:b, :span] & (self.columns[:span] <= self.column[:b, None]))[:, None, None, :]
+        for i, (layer, stacked) in enumerate(zip(self.layers, self._projections)):
+            qk, v = _qk_v(layer, x, stacked, self.kv_heads)
+            qk = qk * cos + _halves_swapped(qk) * sin
+            q, k = qk[:, :-self.kv_heads], qk[:, -self.kv_heads:]
+            x = _mlp(layer, x, self._attention(i, q, k[:, :, None], v[:, :, None], mask, b, span).view(b, -1))
+        return x
+
+    def _rotary_table(self) -> None:
+        """cos and sign-folded sin of every cache column's position [length, 1, head_dim], from
+        the model's own rotary embedding: row p turns a head at position p as
+        x·cos + swap_halves(x)·sin, which is x·cos + rotate_half(x)·sin."""
+        dummy = self.head.weight[:1]  # the dtype and device the embedding computes for
+        position = torch.arange(self.length, device=self.device)[None]
+        if self.mrope:  # a text token sits at the same position on every axis: any axis's values
+            position = position.expand(3, -1, -1)
+        cos, sin = self.decoder.rotary_emb(dummy, position)
+        if cos.dim() == 4:
+            cos, sin = cos[0], sin[0]
+        half = self.head_dim // 2
+        sign = torch.cat([-torch.ones(half), torch.ones(half)]).to(sin)
+        self._cos, self._sin = cos[0][:, None], (sin[0] * sign)[:, None]
 
     def _attention(self, i, q, k, v, mask, b: int, span: int) -> torch.Tensor:
         """Write this step's key and value into the cache and attend over ``span`` columns."""
@@ -240,6 +275,8 @@ class StaticDecoder:
         capacity = min(capacity, rows)
         self._allocate(capacity, width + max_new, self.head.weight.dtype)
         self._refresh_projections()
+        if not self.graphs:
+            self._rotary_table()
         self.step.zero_()
         tokens: list[list[int]] = [[] for _ in range(rows)]
         logprobs: list[list[float]] = [[] for _ in range(rows)]
@@ -420,6 +457,28 @@ def _qkv(layer, x, cos, sin, rope, stacked=None):
         q, k = attn.q_norm(q), attn.k_norm(k)
     q, k = rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
     return q, k, v.view(shape).transpose(1, 2)
+
+
+def _qk_v(layer, x, stacked, kv_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows ``x`` [b, hidden] normed and projected to their query and key heads, one tensor
+    [b, heads + kv_heads, head_dim], and value heads [b, kv_heads, head_dim]."""
+    attn = layer.self_attn
+    h = layer.input_layernorm(x)
+    shape = (x.shape[0], -1, attn.head_dim)
+    if stacked is None:
+        q, k, v = attn.q_proj(h).view(shape), attn.k_proj(h).view(shape), attn.v_proj(h).view(shape)
+        qk = torch.cat([q, k], 1)
+    else:
+        qkv = F.linear(h, *stacked).view(shape)
+        qk, v = qkv[:, :-kv_heads], qkv[:, -kv_heads:]
+    if hasattr(attn, "q_norm"):  # Qwen3 normalises each head's query and key
+        qk = torch.cat([attn.q_norm(qk[:, :-kv_heads]), attn.k_norm(qk[:, -kv_heads:])], 1)
+    return qk, v
+
+
+def _halves_swapped(x: torch.Tensor) -> torch.Tensor:
+    """Each head's two halves in swapped order: rotate_half without its sign."""
+    return x.unflatten(-1, (2, -1)).flip(-2).flatten(-2)
 
 
 def _mlp(layer, x, attended):
