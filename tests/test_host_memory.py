@@ -44,3 +44,46 @@ def test_a_training_run_sets_it(tmp_path, tiny_model_dir, monkeypatch):
     monkeypatch.setattr(run, "keep_freed_memory", lambda: calls.append(True))
     train("sft", tmp_path / "run", **{"model.path": tiny_model_dir, "training.max_steps": 1})
     assert calls == [True]
+
+
+HUGE = """
+import sys
+from rlx.host_memory import huge_pages_for_large_tensors
+if sys.argv[1] == "huge":
+    assert huge_pages_for_large_tensors()
+import torch
+held = torch.ones(64 << 18)  # 64 MiB
+rollup = open("/proc/self/smaps_rollup").read().splitlines()
+print(next(int(line.split()[1]) for line in rollup if line.startswith("AnonHugePages")))
+"""
+
+
+def _transparent_huge_pages() -> str:
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+@pytest.mark.skipif("[madvise]" not in _transparent_huge_pages(),
+                    reason="the kernel gives huge pages on request only when its setting is madvise")
+def test_large_tensors_get_huge_pages_when_asked_before_torch_loads(monkeypatch):
+    monkeypatch.delenv("THP_MEM_ALLOC_ENABLE", raising=False)
+
+    def huge_kib(mode):
+        return int(subprocess.run([sys.executable, "-c", HUGE, mode], capture_output=True, text=True,
+                                  check=True).stdout)
+
+    assert huge_kib("default") == 0
+    assert huge_kib("huge") >= 32 << 10  # most of the 64 MiB tensor
+
+
+def test_the_command_line_asks_for_huge_pages_before_torch_loads(monkeypatch):
+    monkeypatch.delenv("THP_MEM_ALLOC_ENABLE", raising=False)
+    code = ("import os, sys; sys.argv = ['rlx', 'algos', 'list']\n"
+            "from rlx_cli import main\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\n"
+            "print(os.environ.get('THP_MEM_ALLOC_ENABLE'), 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split()[-2] == "1"

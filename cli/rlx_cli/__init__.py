@@ -9,6 +9,7 @@ from typing import List, Optional
 
 import typer
 
+from rlx.host_memory import huge_pages_for_large_tensors
 from rlx.plugins import PluginError, get_host, report_failures
 from rlx.registry import RegistryError
 
@@ -293,6 +294,7 @@ def algos_show(name: str):
 
 
 def main() -> None:
+    huge_pages_for_large_tensors()  # before any plugin imports torch
     # Plugins may add commands; one broken plugin must not break the CLI.
     try:
         host = get_host()
