@@ -6,9 +6,9 @@ step of a run is warm-up and left out.
 
     python benchmarks/cpu_w0.py [--rounds 2] [--steps 5] [--trl-python PYTHON] [--trl-kept-memory]
 
-``--trl-kept-memory`` also runs TRL with glibc's allocator set as rlx sets it for itself
-(``rlx.host_memory``: freed blocks of up to 32 MiB kept for reuse), through glibc's
-environment variables, and reports that as a third figure.
+``--trl-kept-memory`` also runs TRL with memory handed out as rlx sets it for itself
+(``rlx.host_memory``: glibc's freed blocks of up to 32 MiB kept for reuse, through its
+environment variables, and large tensors on huge pages), and reports that as a third figure.
 
 ``--trl-python`` is an interpreter that has trl installed (it is not one of rlx's
 requirements), e.g. a venv made with ``--system-site-packages`` and ``pip install trl``.
@@ -42,6 +42,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         env = {**os.environ, "RLX_CACHE": str(tmp / "cache")}
+        env.pop("THP_MEM_ALLOC_ENABLE", None)  # each side as it sets itself
         model = subprocess.run([sys.executable, "-c", "from rlx.tiny import builtin_model; print(builtin_model('tiny'))"],
                                env=env, capture_output=True, text=True, check=True).stdout.split()[-1]
         # the prompts rlx's W0 run trains on, as text
@@ -49,7 +50,7 @@ def main() -> None:
         code = ("import json; from rlx.tasks import TASKS, prompt_rows; rows = prompt_rows(TASKS['arithmetic'], 64); "
                 f"open({str(data)!r}, 'w').write(''.join(json.dumps({{'prompt': r['prompt']}}) + '\\n' for r in rows))")
         subprocess.run([sys.executable, "-c", code], env=env, check=True)
-        kept = {"MALLOC_MMAP_THRESHOLD_": str(KEEP), "MALLOC_TRIM_THRESHOLD_": str(TRIM)}
+        kept = {"MALLOC_MMAP_THRESHOLD_": str(KEEP), "MALLOC_TRIM_THRESHOLD_": str(TRIM), "THP_MEM_ALLOC_ENABLE": "1"}
         rlx_times, trl_times, trl_kept_times, lengths = [], [], [], []
 
         def trl(name: str, env: dict) -> list[float]:
@@ -73,7 +74,7 @@ def main() -> None:
     print(f"ranges: rlx {min(rlx_times):.3f}-{max(rlx_times):.3f} s, TRL {min(trl_times):.3f}-{max(trl_times):.3f} s")
     if trl_kept_times:
         kept_trl = statistics.median(trl_kept_times)
-        print(f"TRL with freed memory kept as rlx keeps it: {kept_trl:.3f} s ({min(trl_kept_times):.3f}-"
+        print(f"TRL with memory handed out as rlx sets it: {kept_trl:.3f} s ({min(trl_kept_times):.3f}-"
               f"{max(trl_kept_times):.3f} s); TRL/rlx {kept_trl / rlx:.2f}x")
 
 
