@@ -184,7 +184,9 @@ class StaticDecoder:
         x = self.decoder.embed_tokens(self.token[:b])
         position = self.position[:b]
         cos, sin = self._cos[position], self._sin[position]  # [b, 1, head_dim]
+        # one additive mask a step for every layer, -inf on the columns a row does not see
         mask = (self.valid[:b, :span] & (self.columns[:span] <= self.column[:b, None]))[:, None, None, :]
+        mask = torch.where(mask, 0.0, float("-inf")).to(x.dtype)
         for i, (layer, stacked) in enumerate(zip(self.layers, self._projections)):
             qk, v = _qk_v(layer, x, stacked, self.kv_heads)
             qk = qk * cos + _halves_swapped(qk) * sin
@@ -221,7 +223,7 @@ class StaticDecoder:
         self.values[i][self.slots[:b], :, self.column[:b]] = v[:, :, 0]
         keys, values = self.keys[i][:b, :, :span], self.values[i][:b, :, :span]
         if self.device.type == "cpu":  # two matmuls: SDPA's CPU kernel is slower on one query per row
-            scores = torch.matmul(q, keys.transpose(-1, -2)).mul_(self.scale).masked_fill_(~mask, float("-inf"))
+            scores = torch.matmul(q * self.scale, keys.transpose(-1, -2)).add_(mask)
             return torch.matmul(scores.softmax(-1), values).reshape(b, 1, -1)
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scale)
         return out.reshape(b, 1, -1)
