@@ -185,18 +185,21 @@ def _logits_grad(logits, lse, labels, grad_logp, temperature: float):
     return ((onehot.float() - torch.exp(logits.float() / temperature - lse[:, None])) * (g / temperature)).to(logits.dtype)
 
 
-def _stats_eager(logits, labels, temperature: float, with_entropy: bool):
+def _stats_eager(logits, labels, temperature: float, with_entropy: bool, keep: bool = False):
     """``_stats`` from eager kernels that each make one pass (log_softmax, exp), rather
-    than logsumexp's several."""
+    than logsumexp's several; with ``keep`` the second value is softmax(z / T) itself
+    rather than its normaliser."""
     scaled = logits.float() if temperature == 1 else logits.float() / temperature
     logprobs = scaled.log_softmax(-1)
     logp = logprobs.gather(-1, labels[:, None]).squeeze(-1)
-    lse = scaled.gather(-1, labels[:, None]).squeeze(-1) - logp
+    probs = logprobs.exp() if keep or (with_entropy and temperature == 1) else None
+    saved = probs if keep else scaled.gather(-1, labels[:, None]).squeeze(-1) - logp
     if not with_entropy:
-        return logp, lse, lse.new_zeros(0)
-    if temperature != 1:
+        return logp, saved, logp.new_zeros(0)
+    if temperature != 1:  # the entropy is of the untempered distribution
         logprobs = logits.float().log_softmax(-1)
-    return logp, lse, -(logprobs.exp() * logprobs).sum(-1)
+        probs = logprobs.exp()
+    return logp, saved, -torch.linalg.vecdot(probs, logprobs)
 
 
 def _logits_grad_eager(logits, lse, labels, grad_logp, temperature: float):
@@ -231,11 +234,10 @@ class _HeadLogprob(torch.autograd.Function):
         logits = hidden @ weight.t()
         ctx.temperature, ctx.keep = temperature, keep
         if keep:
-            logp, probs, entropy = _stats_kept(logits, labels, temperature, with_entropy)
-            ctx.save_for_backward(hidden, weight, labels, probs)
+            logp, saved, entropy = _stats_eager(logits, labels, temperature, with_entropy, keep=True)
         else:
-            logp, lse, entropy = _fused(_stats, logits)(logits, labels, temperature, with_entropy)
-            ctx.save_for_backward(hidden, weight, labels, lse)
+            logp, saved, entropy = _fused(_stats, logits)(logits, labels, temperature, with_entropy)
+        ctx.save_for_backward(hidden, weight, labels, saved)
         ctx.mark_non_differentiable(entropy)
         return logp, entropy
 
@@ -249,19 +251,6 @@ class _HeadLogprob(torch.autograd.Function):
             logits = hidden @ weight.t()
             grad = _fused(_logits_grad, logits)(logits, saved, labels, grad_logp, ctx.temperature)
         return grad @ weight, grad.t() @ hidden, None, None, None, None
-
-
-def _stats_kept(logits, labels, temperature: float, with_entropy: bool):
-    """log softmax(z / T) at the labels, softmax(z / T), and the entropy of softmax(z) when asked."""
-    logprobs = (logits.float() if temperature == 1 else logits.float() / temperature).log_softmax(-1)
-    probs = logprobs.exp()
-    logp = logprobs.gather(-1, labels[:, None]).squeeze(-1)
-    if not with_entropy:
-        return logp, probs, logp.new_zeros(0)
-    if temperature != 1:
-        untempered = logits.float().log_softmax(-1)
-        return logp, probs, -torch.linalg.vecdot(untempered.exp(), untempered)
-    return logp, probs, -torch.linalg.vecdot(probs, logprobs)
 
 
 def response_values(critic, batch: Batch) -> torch.Tensor:
