@@ -64,6 +64,30 @@ def test_greedy_equals_the_plain_loop_and_a_forward(tokenizer, prompts):  # noqa
         assert c.logprobs == pytest.approx(expected, abs=1e-5)
 
 
+class EpsNorm(torch.nn.Module):
+    """An RMS norm that keeps its epsilon under another name than transformers' norms."""
+
+    def __init__(self, norm):
+        super().__init__()
+        self.weight, self.eps = norm.weight, norm.variance_epsilon
+
+    def forward(self, x):
+        return self.weight * (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+
+
+def test_norms_of_another_kind_decode_through_their_modules(tokenizer, prompts):  # noqa: F811
+    model = make_model()
+    decoder = model.get_decoder()
+    decoder.norm = EpsNorm(decoder.norm)
+    for layer in decoder.layers:
+        layer.input_layernorm, layer.post_attention_layernorm = (EpsNorm(layer.input_layernorm),
+                                                                 EpsNorm(layer.post_attention_layernorm))
+    assert supports(model)
+    fast, plain = engines(model, tokenizer)
+    params = SamplingParams(greedy=True, max_new_tokens=12, n=2)
+    assert [c.token_ids for c in fast.generate(prompts, params)] == [c.token_ids for c in plain.generate(prompts, params)]
+
+
 @pytest.mark.parametrize("settings", [{}, {"temperature": 0.7, "top_k": 10, "top_p": 0.9}])
 def test_sampling_with_rows_ending_early_equals_the_plain_loop(tokenizer, prompts, settings):  # noqa: F811
     fast, plain = engines(eos_model(tokenizer, prompts), tokenizer)

@@ -43,8 +43,7 @@ def supports(model: Any) -> bool:
     if getattr(config, "model_type", None) not in ARCHITECTURES:
         return False
     # DeepSpeed ZeRO-3 keeps only a shard of each parameter outside its own forward hooks
-    return models.full_attention(config) and not models.zero3(model) and \
-        hasattr(model.get_decoder().norm, "variance_epsilon")  # the RMS norm _rms computes
+    return models.full_attention(config) and not models.zero3(model)
 
 
 class StaticDecoder:
@@ -502,7 +501,9 @@ def _qk_v(layer, x, stacked, kv_heads: int) -> tuple[torch.Tensor, torch.Tensor]
 
 def _rms(x: torch.Tensor, norm) -> torch.Tensor:
     """``norm(x)`` for the RMS norms of the supported models, computed as they compute it,
-    without the module call."""
+    without the module call (a norm of another kind is called)."""
+    if not hasattr(norm, "variance_epsilon"):
+        return norm(x)
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
     return norm.weight * h.to(x.dtype)
