@@ -4,6 +4,7 @@ step eagerly that a CUDA graph replays on a GPU (benchmarks/single_gpu.py runs t
 
 import copy
 
+import numpy as np
 import pytest
 import torch
 import transformers
@@ -190,9 +191,9 @@ def test_the_samples_of_a_prompt_read_the_first_remaining_slots_copy():
     fast = NativeEngine(make_model(), None).static
     fast.triton_attention = True  # what a GPU with Triton sets; only the bookkeeping runs here
     fast._allocate(8, 16, torch.float32)
-    fast._share_prompts(list(range(8)), 2)
+    fast._share_prompts(np.arange(8), 2)
     assert fast.source.tolist() == [0, 0, 2, 2, 4, 4, 6, 6]
-    fast._share_prompts([1, 2, 3, 5, 6], 2)  # rows 0, 4 and 7 done, the rest moved to the front
+    fast._share_prompts(np.array([1, 2, 3, 5, 6]), 2)  # rows 0, 4 and 7 done, the rest moved to the front
     assert fast.source[:5].tolist() == [0, 1, 1, 3, 4]
 
 

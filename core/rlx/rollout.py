@@ -231,14 +231,8 @@ class NativeEngine(RolloutEngine):
             positions = positions.amax(0).cummax(-1).values
         return cache, out.logits[:, -1].float(), attention, positions
 
-    def _finished(self, params: SamplingParams):
-        """Whether a completion's tokens end it: an EOS or a stop string."""
-        max_stop = max((len(s) for s in params.stop), default=0)
-
-        def finished(tokens: list[int]) -> bool:
-            return tokens[-1] in self.eos_ids or (max_stop > 0 and self._hits_stop(tokens, params.stop, max_stop))
-
-        return finished
+    def _finished(self, params: SamplingParams) -> Ends:
+        return Ends(self.eos_ids, params.stop, self.tokenizer.decode)
 
     def _completions(self, first_index: int, tokens: list[list[int]], logprobs: list[list[float]], finished,
                      params: SamplingParams) -> list[Completion]:
@@ -290,15 +284,30 @@ class NativeEngine(RolloutEngine):
             next_position = next_position + 1
         return tokens, logprobs
 
-    def _hits_stop(self, tokens: list[int], stop: tuple[str, ...], max_stop: int) -> bool:
+
+class Ends:
+    """Whether a completion's tokens end it: its last token is an EOS, or it completes a
+    stop string. Called with one completion's tokens; a decoder that checks many rows at
+    once reads ``eos`` and asks ``hits_stop`` only where there are stop strings."""
+
+    def __init__(self, eos: set[int], stop: tuple[str, ...], decode):
+        self.eos, self.stop, self._decode = eos, stop, decode
+        self._longest = max((len(s) for s in stop), default=0)
+
+    def __call__(self, tokens: list[int]) -> bool:
+        return tokens[-1] in self.eos or self.hits_stop(tokens)
+
+    def hits_stop(self, tokens: list[int]) -> bool:
         """Whether the newest token completes a stop string.
 
         Only a tail of the completion is decoded, long enough to hold the longest stop
         string (a token decodes to at least one character), which keeps the check cheap
         for long completions: earlier occurrences were caught at earlier steps.
         """
-        tail = self.tokenizer.decode(tokens[-(max_stop + 2) :], skip_special_tokens=True)
-        return any(s in tail for s in stop)
+        if not self.stop:
+            return False
+        tail = self._decode(tokens[-(self._longest + 2):], skip_special_tokens=True)
+        return any(s in tail for s in self.stop)
 
 
 def _seed(generator: torch.Generator | None, device: torch.device) -> int:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -285,7 +286,8 @@ class StaticDecoder:
         ``prefill(first, count)`` runs prompts ``[first, first + count)`` through the model
         and returns their cache (keys and values left-padded to the attention mask's width),
         last logits, attention mask and the position of each one's next token; ``width`` is
-        the longest prompt. ``finished(tokens)`` says whether a completion is over.
+        the longest prompt. ``finished`` (``rlx.rollout.Ends``) says whether a completion
+        is over: its ``eos`` ids are checked for all rows at once, stop strings row by row.
 
         Prompts join as rows finish: once a quarter of the slots are free and prompts are
         waiting, the rows still decoding move to the front and the next prompts are
@@ -300,17 +302,20 @@ class StaticDecoder:
         if not self.graphs:
             self._rotary_table()
         self.step.zero_()
-        tokens: list[list[int]] = [[] for _ in range(rows)]
-        logprobs: list[list[float]] = [[] for _ in range(rows)]
-        done = [False] * rows
-        slots: list[int] = []  # slot s decodes row slots[s]
+        # each row's tokens and log-probs so far, filled a step at a time for all rows at once
+        tokens = np.zeros((rows, max_new), np.int64)
+        logprobs = np.zeros((rows, max_new), np.float32)
+        length = np.zeros(rows, np.int64)
+        done = np.zeros(rows, bool)
+        eos = np.fromiter(finished.eos, np.int64)
+        slots = np.zeros(0, np.int64)  # slot s decodes row slots[s]
         # a row's cache column at decode step t is offset[row] + t
-        offset = [0] * rows
+        offset = np.zeros(rows, np.int64)
         admitted = decoded = read = 0  # prompts prefilled; decode steps run; steps read back
 
         def admit(count: int) -> None:
             """Prefill the next ``count`` prompts into the slots after the last one in use."""
-            nonlocal admitted
+            nonlocal admitted, slots
             cache, logits, attention, positions = prefill(admitted, count)
             columns, place = attention.shape[1], slice(len(slots), len(slots) + count * n)
             for i, layer in enumerate(cache.layers):
@@ -327,47 +332,52 @@ class StaticDecoder:
             token, logprob = sample(logits.repeat_interleave(n, 0), params, generator, self.banned,
                                     _draw_rows(list(new), rows))
             self.token[place] = token
-            for row, tok, lp in zip(new, token.tolist(), logprob.tolist()):
-                tokens[row].append(tok)
-                logprobs[row].append(lp)
-                done[row] = finished(tokens[row]) or max_new == 1
-                offset[row] = columns - decoded
-            slots.extend(new)
+            take(np.arange(new.start, new.stop), token.numpy(force=True), logprob.numpy(force=True))
+            offset[new.start:new.stop] = columns - decoded
+            slots = np.concatenate([slots, np.arange(new.start, new.stop)])
             admitted += count
 
-        def absorb(chunk, chunk_slots):
+        def take(chunk_rows, new_tokens, new_logprobs):
+            """Append one token (and its log-prob) to each of ``chunk_rows`` still going."""
+            going = ~done[chunk_rows]
+            live, new_tokens, new_logprobs = chunk_rows[going], new_tokens[going], new_logprobs[going]
+            tokens[live, length[live]] = new_tokens
+            logprobs[live, length[live]] = new_logprobs
+            length[live] += 1
+            ended = np.isin(new_tokens, eos) | (length[live] == max_new)
+            if finished.stop:  # stop strings are found in decoded text, a row at a time
+                for i in np.flatnonzero(~ended):
+                    ended[i] = finished.hits_stop(tokens[live[i], :length[live[i]]].tolist())
+            done[live] = ended
+
+        def absorb(chunk, chunk_rows):
             new_tokens, new_logprobs = chunk()
-            for s, row in enumerate(chunk_slots):
-                for tok, lp in zip(new_tokens[s], new_logprobs[s]):
-                    if done[row]:
-                        break
-                    tokens[row].append(tok)
-                    logprobs[row].append(lp)
-                    done[row] = finished(tokens[row]) or len(tokens[row]) == max_new
+            for step in range(new_tokens.shape[1]):
+                take(chunk_rows, new_tokens[:, step], new_logprobs[:, step])
 
         admit(min(prompts, capacity // n))
         b = self._bucket(len(slots), capacity)
         # the furthest a slot's row has got: its cache column at decode step t is that + t
-        furthest = max(offset[row] for row in slots)
+        furthest = int(offset[slots].max())
         self._share_prompts(slots, n)
-        self._draw_rows = _draw_rows(slots, rows)  # each slot's row, for the CPU's draws once slots move
+        self._draw_rows = _draw_rows(slots.tolist(), rows)  # each slot's row, for the CPU's draws once slots move
         # Under graphs a chunk copied out is read one chunk later: the host checks it while
         # the GPU decodes the next steps, instead of the GPU waiting for the host.
         pending = None
         while True:
             if decoded % self.check_every == 0:
                 if decoded > read:
-                    chunk = (self._copy_out(len(slots), read, decoded), list(slots))
+                    chunk = (self._copy_out(len(slots), read, decoded), slots)
                     read = decoded
                     if pending is not None:
                         absorb(*pending)
                     pending = chunk
-                    if not self.graphs or all(done[row] for row in slots):
+                    if not self.graphs or done[slots].all():
                         absorb(*pending)
                         pending = None
-                alive = [s for s, row in enumerate(slots) if not done[row]]
+                alive = np.flatnonzero(~done[slots])
                 waiting = prompts - admitted
-                if not alive and not waiting:
+                if len(alive) == 0 and not waiting:
                     break
                 # finished rows stay in the batch until half of it is done, or a quarter of
                 # it can take new prompts: moving the cache every time a row ended took a
@@ -376,25 +386,26 @@ class StaticDecoder:
                 refill = waiting and free >= max(n, capacity // 4)
                 if refill or len(alive) <= b // 2:
                     self._compact(alive, b)
-                    slots = [slots[s] for s in alive]
+                    slots = slots[alive]
                     if refill:
                         admit(min(waiting, free // n))
                     b = self._bucket(len(slots), capacity if refill else b)
                     self._share_prompts(slots, n)
-                    self._draw_rows = _draw_rows(slots, rows)
-                    furthest = max((offset[row] for row in slots), default=0)
+                    self._draw_rows = _draw_rows(slots.tolist(), rows)
+                    furthest = int(offset[slots].max(initial=0))
             self._replay(b, self._span(min(self.length, furthest + decoded + 1)), params, generator)
             decoded += 1
-        return tokens, logprobs
+        return ([tokens[row, :length[row]].tolist() for row in range(rows)],
+                [logprobs[row, :length[row]].tolist() for row in range(rows)])
 
     def _copy_out(self, n: int, start: int, end: int):
         """Start copying the outputs of decode steps ``[start:end]`` (at most ``check_every``
         of them, from a multiple of it: one stretch of the ring) of slots ``[:n]`` to the
-        host; returns a call that waits for the copy and gives them as lists."""
+        host; returns a call that waits for the copy and gives them as numpy arrays."""
         first = start % self.ring
         columns = slice(first, first + end - start)
         if not self.graphs:
-            return lambda: (self.out_tokens[:n, columns].tolist(), self.out_logprobs[:n, columns].tolist())
+            return lambda: (self.out_tokens[:n, columns].numpy(force=True), self.out_logprobs[:n, columns].numpy(force=True))
         self._flip ^= 1
         size = n * (end - start)
         host_tokens = self._host_tokens[self._flip][:size].view(n, end - start)
@@ -403,7 +414,7 @@ class StaticDecoder:
         host_logprobs.copy_(self.out_logprobs[:n, columns], non_blocking=True)
         copied = torch.cuda.Event()
         copied.record()
-        return lambda: (copied.synchronize(), host_tokens.tolist(), host_logprobs.tolist())[1:]
+        return lambda: (copied.synchronize(), host_tokens.numpy(), host_logprobs.numpy())[1:]
 
     def _span(self, columns: int) -> int:
         """Cache columns a step attends over: exact on the CPU, in steps of 128 under
@@ -419,17 +430,17 @@ class StaticDecoder:
             return alive
         return min(most, 1 << max(alive - 1, 0).bit_length())
 
-    def _share_prompts(self, slots: list[int], n: int) -> None:
+    def _share_prompts(self, slots: np.ndarray, n: int) -> None:
         """Point each slot's prompt columns at the first slot decoding a sample of the same
         prompt (row r is a sample of prompt r // n). Every slot holds its own copy too, so
         this only chooses which copy the attention kernel reads."""
         if not self.triton_attention:  # SDPA reads each slot's own
             return
         first: dict[int, int] = {}
-        source = [first.setdefault(row // n, s) for s, row in enumerate(slots)]
+        source = [first.setdefault(row // n, s) for s, row in enumerate(slots.tolist())]
         self.source[:len(source)] = torch.tensor(source)
 
-    def _compact(self, alive: list[int], b: int) -> None:
+    def _compact(self, alive: np.ndarray, b: int) -> None:
         """Move the slots still decoding to the front, in order (their outputs so far have
         been copied out)."""
         index = torch.tensor(alive, dtype=torch.long, device=self.device)
