@@ -16,12 +16,16 @@ from rlx.rollout import NativeEngine, SamplingParams
 PROMPTS = ["ab", "hello there", "1+2=3 is"]
 
 
-def engines(model, tokenizer):
+def engines(model, tokenizer, keys_transposed=True):
     fast = NativeEngine(model, tokenizer)
+    fast.static.keys_transposed = keys_transposed
     plain = NativeEngine(model, tokenizer)
     plain.static = None
-    assert fast.static is not None
     return fast, plain
+
+
+# the CPU keeps each key head as [head_dim, columns]; CUDA keeps [columns, head_dim]
+LAYOUTS = pytest.mark.parametrize("keys_transposed", [True, False], ids=["cpu-keys", "cuda-keys"])
 
 
 @pytest.fixture
@@ -50,9 +54,10 @@ def test_supports_llama_family_and_refuses_the_rest():
     assert not supports(sharded)
 
 
-def test_greedy_equals_the_plain_loop_and_a_forward(tokenizer, prompts):  # noqa: F811
+@LAYOUTS
+def test_greedy_equals_the_plain_loop_and_a_forward(tokenizer, prompts, keys_transposed):  # noqa: F811
     model = make_model()
-    fast, plain = engines(model, tokenizer)
+    fast, plain = engines(model, tokenizer, keys_transposed)
     params = SamplingParams(greedy=True, max_new_tokens=12, n=2)
     got, want = fast.generate(prompts, params), plain.generate(prompts, params)
     assert [c.token_ids for c in got] == [c.token_ids for c in want]
@@ -225,8 +230,9 @@ def test_stacked_projections_decode_as_the_model_does(tokenizer, prompts, config
 MANY = ["ab", "hello there", "1+2=3 is", "x", "the cat sat", "9*9", "one two three four", "zz top", "q"]
 
 
+@LAYOUTS
 @pytest.mark.parametrize("greedy", [True, False], ids=["greedy", "sampled"])
-def test_prompts_join_as_rows_finish(tokenizer, greedy):  # noqa: F811
+def test_prompts_join_as_rows_finish(tokenizer, greedy, keys_transposed):  # noqa: F811
     """More prompts than slots: the next prompts are prefilled into the slots of finished
     rows while the others decode on. Every completion carries the log-probs a forward pass
     gives its tokens; greedy ones equal the plain loop's (batch by batch), in fewer decode
@@ -235,6 +241,7 @@ def test_prompts_join_as_rows_finish(tokenizer, greedy):  # noqa: F811
     model = eos_model(tokenizer, prompts)
     fast, plain = NativeEngine(model, tokenizer, max_batch_size=4), NativeEngine(model, tokenizer, max_batch_size=4)
     plain.static = None
+    fast.static.keys_transposed = keys_transposed
     steps, prefilled = [], []
     replay, prefill = fast.static._replay, fast._prefill
     fast.static._replay = lambda *a: (steps.append(1), replay(*a))

@@ -319,8 +319,10 @@ class StaticDecoder:
             cache, logits, attention, positions = prefill(admitted, count)
             columns, place = attention.shape[1], slice(len(slots), len(slots) + count * n)
             for i, layer in enumerate(cache.layers):
-                keys = layer.keys.transpose(-1, -2) if self.keys_transposed else layer.keys
-                self.keys[i][place, ..., :columns] = keys.repeat_interleave(n, 0)
+                if self.keys_transposed:
+                    self.keys[i][place, :, :, :columns] = layer.keys.transpose(-1, -2).repeat_interleave(n, 0)
+                else:
+                    self.keys[i][place, :, :columns] = layer.keys.repeat_interleave(n, 0)
                 self.values[i][place, :, :columns] = layer.values.repeat_interleave(n, 0)
             self.valid[place, :columns] = attention.repeat_interleave(n, 0).bool()
             self.valid[place, columns:] = True  # decoded columns: masked by the slot's column until written
