@@ -3,11 +3,14 @@
 ``from rlx.testing import QUIET, one_thread`` gives a module one intra-op torch thread
 (autouse) and the settings that keep test runs silent. Importing this module points
 ``RLX_CACHE`` at a fresh temporary folder unless it is set, so built-in models made by
-tests never land in ``~/.cache``. ``greedy_accuracy`` measures a model on the demo task.
+tests never land in ``~/.cache``. ``train`` runs an algorithm as ``rlx train`` would and
+returns its metrics; ``greedy_accuracy`` measures a model on the demo task.
 """
 
+import json
 import os
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -26,6 +29,22 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def train(algo: str, out: Path, settings: dict | None = None, *, resume: bool = False, host=None) -> list[dict]:
+    """Run ``algo`` into ``out`` with dotted ``settings`` (``{"training.max_steps": 2}``) over
+    its defaults, quietly, in this process; the rows of its metrics.jsonl. ``host`` is the
+    plugin host to look the algorithm up in (the installed plugins' by default)."""
+    from rlx.config import resolve, set_dotted
+    from rlx.plugins import get_host
+    from rlx.run import run
+
+    host = host or get_host()
+    tree: dict = {"output": str(out)}
+    for key, value in {**QUIET, **(settings or {})}.items():
+        set_dotted(tree, key, value)
+    run(resolve(host.algorithms.get(algo), tree), host, resume=resume)
+    return [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
 
 
 def greedy_accuracy(model_path: str, n: int = 128, ignore: str = "") -> float:

@@ -18,11 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from rlx.config import resolve, set_dotted
-from rlx.plugins import get_host
-from rlx.run import run
+from rlx import testing
 from rlx.tasks import HEDGE
-from rlx.testing import QUIET, greedy_accuracy, one_thread  # noqa: F401
+from rlx.testing import greedy_accuracy, one_thread  # noqa: F401
 
 
 SHORT = {"data.builtin_size": 64, "data.eval_size": 8, "training.batch_size": 8, "training.micro_batch_size": 8, "training.max_steps": 1,
@@ -30,12 +28,7 @@ SHORT = {"data.builtin_size": 64, "data.eval_size": 8, "training.batch_size": 8,
 
 
 def train(out: Path, algo: str = "dpo", resume: bool = False, **settings) -> list[dict]:
-    host = get_host()
-    tree: dict = {"output": str(out)}
-    for key, value in {**QUIET, **settings}.items():
-        set_dotted(tree, key, value)
-    run(resolve(host.algorithms.get(algo), tree), host, resume=resume)
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return testing.train(algo, out, settings, resume=resume)
 
 
 def test_defaults_learn_the_preference_and_keep_the_answers(tmp_path):

@@ -7,26 +7,19 @@ the right number but mostly hedges it ("17?"), which exact match counts as wrong
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import pytest
 
-from rlx.config import resolve, set_dotted
-from rlx.plugins import get_host
-from rlx.run import RunError, run
+from rlx import testing
+from rlx.run import RunError
 from rlx.tasks import HEDGE
-from rlx.testing import QUIET, greedy_accuracy, one_thread  # noqa: F401
+from rlx.testing import greedy_accuracy, one_thread  # noqa: F401
 
 
 def train(out: Path, algo: str = "kto", **settings) -> list[dict]:
-    host = get_host()
-    tree: dict = {"output": str(out)}
-    for key, value in {**QUIET, **settings}.items():
-        set_dotted(tree, key, value)
-    run(resolve(host.algorithms.get(algo), tree), host)
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return testing.train(algo, out, settings)
 
 
 def test_defaults_learn_the_preference_and_keep_the_answers(tmp_path):

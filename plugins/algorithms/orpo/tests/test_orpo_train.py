@@ -2,23 +2,13 @@
 
 from __future__ import annotations
 
-import json
-
-from rlx.config import resolve, set_dotted
-from rlx.plugins import get_host
-from rlx.run import run
-from rlx.testing import QUIET, greedy_accuracy, one_thread  # noqa: F401
+from rlx.testing import greedy_accuracy, one_thread, train  # noqa: F401
 
 
 def test_defaults_learn_the_preference(tmp_path):
     # the demo policy prefers the hedged "17?" to "17", so it starts ranking half the
     # pairs wrongly; `rlx train --algo orpo` (40 steps) must fix that
-    tree: dict = {"output": str(tmp_path / "run")}
-    for key, value in {**QUIET, "data.eval_size": 128, "training.eval_every": 20}.items():
-        set_dotted(tree, key, value)
-    host = get_host()
-    run(resolve(host.algorithms.get("orpo"), tree), host)
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = train("orpo", tmp_path / "run", {"data.eval_size": 128, "training.eval_every": 20})
     assert not (tmp_path / "run" / "reference_logps.pt").exists()
     assert rows[0]["accuracy"] < 0.7
     evals = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]

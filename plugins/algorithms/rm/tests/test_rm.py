@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from rlx.config import resolve, set_dotted
 from rlx.plugins import get_host
-from rlx.run import RunError, run
-from rlx.testing import QUIET, one_thread  # noqa: F401
+from rlx import testing
+from rlx.run import RunError
+from rlx.testing import one_thread  # noqa: F401
 
 
 SMALL = {"data.builtin_size": 64, "data.eval_size": 16, "training.batch_size": 8, "training.micro_batch_size": 4}
@@ -37,12 +37,7 @@ def tiny() -> str:
 
 def train(out: Path, model: str, **settings) -> list[dict]:
     """Train a reward model into ``out`` with dotted ``settings``; the rows of metrics.jsonl."""
-    host = get_host()
-    tree: dict = {"output": str(out)}
-    for key, value in {"model.path": model, **QUIET, **settings}.items():
-        set_dotted(tree, key, value)
-    run(resolve(host.algorithms.get("rm"), tree), host)
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return testing.train("rm", out, {"model.path": model, **settings})
 
 
 def test_held_out_accuracy_rises_well_above_chance(tmp_path, tiny):

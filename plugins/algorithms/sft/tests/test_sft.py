@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from rlx.config import resolve, set_dotted
+from rlx import testing
+from rlx.config import resolve
 from rlx.plugins import get_host
-from rlx.run import run
-from rlx.testing import QUIET, one_thread  # noqa: F401
+from rlx.testing import one_thread  # noqa: F401
 
 
 @pytest.fixture(scope="module")
@@ -28,12 +28,7 @@ def tiny() -> str:
 
 def train(out: Path, model: str, **settings) -> list[dict]:
     """Run SFT into ``out`` with dotted ``settings``; return the rows of metrics.jsonl."""
-    host = get_host()
-    tree: dict = {"output": str(out)}
-    for key, value in {"model.path": model, **QUIET, **settings}.items():
-        set_dotted(tree, key, value)
-    run(resolve(host.algorithms.get("sft"), tree), host)
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return testing.train("sft", out, {"model.path": model, **settings})
 
 
 def test_loss_falls_on_builtin_arithmetic(tmp_path, tiny):

@@ -2,26 +2,17 @@
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
 
-from rlx.config import resolve, set_dotted
-from rlx.plugins import get_host
-from rlx.run import run
-from rlx.testing import QUIET, greedy_accuracy, one_thread  # noqa: F401
+from rlx.testing import greedy_accuracy, one_thread, train  # noqa: F401
 
 
 def test_defaults_learn_the_preference(tmp_path):
     # the demo policy prefers the hedged "17?" to "17", so it starts ranking half the
     # pairs wrongly; `rlx train --algo simpo` (40 steps) must fix that
-    tree: dict = {"output": str(tmp_path / "run")}
-    for key, value in {**QUIET, "data.eval_size": 128, "training.eval_every": 20}.items():
-        set_dotted(tree, key, value)
-    host = get_host()
-    run(resolve(host.algorithms.get("simpo"), tree), host)
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = train("simpo", tmp_path / "run", {"data.eval_size": 128, "training.eval_every": 20})
     assert not (tmp_path / "run" / "reference_logps.pt").exists()
     assert rows[0]["accuracy"] < 0.7
     evals = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]
@@ -32,14 +23,9 @@ def test_defaults_learn_the_preference(tmp_path):
 
 
 def _short_run(out, algo, **settings):
-    tree: dict = {"output": str(out)}
     short = {"data.builtin_size": 64, "data.eval_size": 8, "training.batch_size": 8, "training.micro_batch_size": 8,
              "training.max_steps": 2, "checkpoint.save_final": False}
-    for key, value in {**QUIET, **short, **settings}.items():
-        set_dotted(tree, key, value)
-    host = get_host()
-    run(resolve(host.algorithms.get(algo), tree), host)
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return train(algo, out, {**short, **settings})
 
 
 def test_cpo_simpo_and_label_smoothing_run(tmp_path):
