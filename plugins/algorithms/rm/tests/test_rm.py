@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from rlx.plugins import get_host
 from rlx import testing
+from rlx.plugins import get_host
 from rlx.run import RunError
 from rlx.testing import one_thread  # noqa: F401
 
