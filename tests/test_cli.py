@@ -28,6 +28,28 @@ def test_light_commands_import_nothing_heavy(argv):
     assert result.stdout.strip().splitlines()[-1] == "[]", result.stdout + result.stderr
 
 
+@pytest.mark.parametrize("args,error", [
+    (["--model", "builtin:tiny", "--data", "missing.jsonl"], "data.path: data file 'missing.jsonl' does not exist"),
+    (["--set", "data.eval_path=./held-out"], "data.eval_path: data file './held-out' does not exist"),
+    (["--model", "./no-model"], "model folder './no-model' does not exist"),
+    (["--model", "empty"], "model folder 'empty' holds no config.json"),
+    (["--set", "reward.model=/no/reward-model"], "model folder '/no/reward-model' does not exist"),
+])
+def test_a_wrong_path_fails_before_the_model_libraries_load(tmp_path, args, error):
+    (tmp_path / "empty").mkdir()
+    code = (
+        "import sys\n"
+        f"sys.argv = ['rlx', 'train', '--algo', 'grpo', '--output', 'run', *{args!r}]\n"
+        "import rlx_cli\n"
+        "try:\n    rlx_cli.main()\nexcept SystemExit as e:\n    print('exit', e.code)\n"
+        f"print([m for m in {HEAVY!r} if m in sys.modules])\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert f"Error: {error}" in result.stderr, result.stderr
+    assert result.stdout.strip().splitlines()[-2:] == ["exit 1", "[]"], result.stdout + result.stderr
+    assert not (tmp_path / "run").exists()
+
+
 def test_plugins_list_json():
     result = rlx("plugins", "list", "--json")
     assert result.returncode == 0, result.stderr

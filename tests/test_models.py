@@ -7,7 +7,7 @@ import torch
 import transformers
 from tokenizers import Tokenizer, models as tok_models, pre_tokenizers
 
-from rlx import models
+from rlx import models, paths
 from rlx.config import LoraConfig, ModelConfig
 
 CPU = torch.device("cpu")
@@ -83,7 +83,7 @@ def test_missing_model_names_the_path(tmp_path):
 
 @pytest.mark.parametrize("name", ["gpt2", "Qwen/Qwen2.5-0.5B-Instruct", "org_1/model.v2-x"])
 def test_hub_names_pass_through(name):
-    assert models.resolve_path(name) == name
+    assert paths.model_path(name) == name
 
 
 @pytest.mark.parametrize("path", ["/nonexistent/model", "./no-such-model", "../no-such-model", "~/no-such-model-rlx",
@@ -91,7 +91,7 @@ def test_hub_names_pass_through(name):
 def test_a_path_that_can_be_no_hub_name_must_be_a_folder(path, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(models.ModelError, match=f"^model folder {re.escape(repr(path))} does not exist"):
-        models.resolve_path(path)
+        paths.model_path(path)
     with pytest.raises(models.ModelError, match="does not exist"):
         models.load_tokenizer(path)
 
@@ -112,7 +112,7 @@ def test_a_folder_needs_config_json(lm_path, tmp_path):
 
 def test_home_is_expanded(lm_path, monkeypatch):
     monkeypatch.setenv("HOME", str(lm_path.parent))
-    assert models.resolve_path(f"~/{lm_path.name}") == str(lm_path)
+    assert paths.model_path(f"~/{lm_path.name}") == str(lm_path)
 
 
 def test_builtin_names_resolve_at_the_run_edge_not_in_the_loaders(tiny_model_dir):

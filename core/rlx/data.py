@@ -98,9 +98,19 @@ def load_rows(
         return _file_rows(local, cfg)
     if local.is_dir():
         return _folder_rows(local, split)
+    check_path(path, key)
+    return _hub_rows(path, split, key)
+
+
+def check_path(path: str, key: str) -> None:
+    """A data path that can only name a local file (one with a data file's suffix, or
+    starting with ``.``, ``/`` or ``~``) must exist; anything else may be a builtin task
+    or a hub dataset."""
+    local = Path(path).expanduser()
+    if path.startswith("builtin:") or local.exists():
+        return
     if local.suffix in FILE_FORMATS or path.startswith((".", "/", "~")):
         raise DataError(f"{key}: data file {path!r} does not exist")
-    return _hub_rows(path, split, key)
 
 
 def _builtin_rows(path: str, cfg: DataConfig, split: str, task_format: str, tasks: dict, key: str) -> RowSource:

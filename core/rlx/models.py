@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import importlib.util
 import os
-import re
 from pathlib import Path
 
 import torch
@@ -20,6 +19,7 @@ import torch.nn.functional as F
 from rlx import sdpa, varlen
 from rlx.config import ModelConfig
 from rlx.errors import ModelError
+from rlx.paths import check_model_folder, model_path
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -74,56 +74,15 @@ def attn_implementation(name: str, device: torch.device | str | None = None, pac
     return name
 
 
-def resolve_path(path: str | Path) -> str:
-    """A model folder or hub name. ``builtin:NAME`` models are resolved to their folders
-    when a run starts (``rlx.run.with_builtin_models``), or with ``rlx.tiny.builtin_model``.
-
-    A path that names no local folder and cannot be a hub name (an absolute path, one
-    starting with ``./``, ``../`` or ``~``, or more than one ``/``) fails here with
-    ``ModelError``, rather than with the hub's rules for repository names.
-    """
-    path = str(path)
-    if path.startswith("builtin:"):
-        raise ModelError(f"{path!r} is a built-in model name: resolve it to its folder with "
-                         f"rlx.tiny.builtin_model({path!r}) first (a run does this itself)")
-    local = Path(path).expanduser()
-    if local.is_file():
-        raise ModelError(f"model path {path!r} is a file; give the folder that holds config.json and the weights")
-    if not local.exists() and not _could_be_hub_name(path):
-        raise ModelError(f"model folder {path!r} does not exist (and it is not a hub name)")
-    return str(local) if path.startswith("~") else path  # transformers does not expand ~
-
-
-# A hub name is "name" or "owner/name": letters, digits, "-", "_" and "." (see
-# huggingface_hub's validate_repo_id), at most 96 characters.
-_HUB_PART = r"\w(?:[\w.-]*\w)?"
-_HUB_NAME = re.compile(rf"^(?:{_HUB_PART}/)?{_HUB_PART}$")
-
-
-def _could_be_hub_name(path: str) -> bool:
-    if os.path.isabs(path) or path.startswith("~") or (os.sep != "/" and os.sep in path):
-        return False
-    return bool(_HUB_NAME.match(path)) and len(path) <= 96 and "--" not in path and ".." not in path
-
-
-def _check_model_folder(source: str) -> None:
-    """A local folder must hold a config.json: without one nothing can be loaded from it."""
-    local = Path(source).expanduser()
-    if local.is_dir() and not (local / "config.json").is_file():
-        raise ModelError(
-            f"model folder {source!r} holds no config.json, so it is not a Hugging Face model folder "
-            f"(a folder written by save_pretrained, such as a run's final/)")
-
-
 def load_tokenizer(path: str | Path):
     """The tokenizer of a model folder or hub name, with a pad token (eos when missing)."""
     from transformers import AutoTokenizer
 
-    source = resolve_path(path)
+    source = model_path(path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
     except (OSError, ValueError) as e:
-        _check_model_folder(source)  # a folder without config.json: say that, not why the tokenizer failed
+        check_model_folder(source)  # a folder without config.json: say that, not why the tokenizer failed
         where = "" if Path(source).exists() else "no such local folder, and loading it from the hub failed: "
         raise ModelError(f"cannot load a tokenizer from {source!r}: {where}{e}") from e
     if tokenizer.pad_token is None:
@@ -135,8 +94,8 @@ def load_tokenizer(path: str | Path):
 
 def _from_pretrained(auto_class, cfg: ModelConfig, device: torch.device, path: str | None, packed: bool = False,
                      **kwargs):
-    source = resolve_path(path or cfg.path)
-    _check_model_folder(source)
+    source = model_path(path or cfg.path)
+    check_model_folder(source)
     try:
         model = auto_class.from_pretrained(
             source,
@@ -193,8 +152,8 @@ def load_causal_lm(cfg: ModelConfig, device: torch.device, *, path: str | None =
 
     from rlx.multimodal import model_type
 
-    source = resolve_path(path or cfg.path)
-    _check_model_folder(source)
+    source = model_path(path or cfg.path)
+    check_model_folder(source)
     is_vlm = Path(source).expanduser().is_dir() and model_type(source)[1]
     model = _from_pretrained(AutoModelForImageTextToText if is_vlm else AutoModelForCausalLM, cfg, device, path,
                              packed and not is_vlm)

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from rlx import paths
 from rlx.errors import ConfigError, ModelError
 
 PLACEHOLDER = "<image>"
@@ -526,9 +527,7 @@ def processor_for(config, host) -> VLMProcessor | None:
     """The VLM processor of the run's model: ``model.vlm_processor`` when set, else the one
     registered under the model's ``model_type``, else (for any other VLM) the core one over
     transformers' ``AutoProcessor``; None for a text-only model."""
-    from rlx.models import resolve_path
-
-    path = resolve_path(config.model.path)
+    path = paths.model_path(config.model.path)
     registry = host.registry("register_vlm_processors")
     name = config.model.vlm_processor
     kind, is_vlm = model_type(path)

@@ -12,6 +12,7 @@ import yaml
 from rlx.config import RunConfig, to_dict
 from rlx.errors import ModelError, RlxError, RunError
 from rlx.host_memory import keep_freed_memory
+from rlx.paths import check_run
 
 
 def _rank() -> int:
@@ -71,6 +72,10 @@ def with_builtin_models(config: RunConfig) -> RunConfig:
 
 def run(config: RunConfig, host, *, resume: bool = False) -> dict[str, float]:
     """Train ``config.algo`` and return the last step's metrics."""
+    try:
+        check_run(config)  # a wrong path fails in a second, before the model libraries load
+    except RlxError as e:
+        raise RunError(str(e)) from e
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # rlx shows its own progress; weight-loading bars are noise

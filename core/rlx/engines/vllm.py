@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 
+from rlx import paths
 from rlx.errors import RunError
 from rlx.rollout import Completion, SamplingParams
 
@@ -64,9 +65,7 @@ def why_not_vision(model_path: str) -> str | None:
     transformers' torchvision image processors at load time, which fail where
     torchvision is missing or does not match torch (a CPU build of torch beside
     PyPI's CUDA torchvision)."""
-    from rlx.models import resolve_path
-
-    config = json.loads((Path(resolve_path(model_path)).expanduser() / "config.json").read_text())
+    config = json.loads((Path(paths.model_path(model_path)).expanduser() / "config.json").read_text())
     archs = config.get("architectures") or []
     registry = import_vllm().ModelRegistry
     known = [a for a in archs if a in registry.models]
@@ -151,7 +150,6 @@ class VLLMEngine:
         if params.n < 1:
             raise ValueError(f"SamplingParams.n must be >= 1, got {params.n}")
         from vllm import SamplingParams as VllmParams
-        from vllm.inputs import TokensPrompt
 
         greedy = params.greedy or params.temperature == 0
         base = VllmParams(

@@ -27,11 +27,11 @@ def load_reward_model(path, *, config=None, device=None):
     import torch
     from transformers import AutoConfig
 
-    from rlx import models
+    from rlx import models, paths
     from rlx.config import ModelConfig
 
     # a causal LM would load with a fresh random head and score noise: refuse it
-    hf_config = AutoConfig.from_pretrained(models.resolve_path(path))
+    hf_config = AutoConfig.from_pretrained(paths.model_path(path))
     architectures = hf_config.architectures or []
     if hf_config.num_labels != 1 or not any(a.endswith("ForSequenceClassification") for a in architectures):
         raise ValueError(f"{path} is not a reward model: expected a *ForSequenceClassification model with one "
