@@ -7,7 +7,6 @@ with one; the offline policy worker computes losses with its own.
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import hashlib
 import os
