@@ -182,11 +182,13 @@ ZERO3 = ["--algo", "grpo", "--set", "training.backend=deepspeed", "--set", "trai
 
 
 def test_a_worker_that_cannot_start_is_named_with_its_own_error(demo_policy, tmp_path):
-    result = rlx("train", "--algo", "grpo", "--launcher", "ray", "--set", f"reward.model={tmp_path / 'missing'}",
+    # a causal LM is no reward model: the reward worker finds that as it loads it
+    result = rlx("train", "--algo", "grpo", "--launcher", "ray", "--set", f"reward.model={demo_policy}",
                  "--output", "run", *SETTINGS, cwd=tmp_path)
     assert result.returncode != 0
     assert (f"the reward worker (rank 0) failed to start: rlx.errors.RewardError: reward.model: 'model' could not "
-            f"load '{tmp_path / 'missing'}'") in result.stdout + result.stderr
+            f"load '{demo_policy}'") in result.stdout + result.stderr
+    assert "is not a reward model" in result.stdout + result.stderr
 
 
 def test_two_zero3_policy_ranks_give_the_one_rank_update_and_resume(demo_policy, tmp_path):
