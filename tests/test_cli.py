@@ -34,8 +34,10 @@ def test_light_commands_import_nothing_heavy(argv):
     (["--model", "./no-model"], "model folder './no-model' does not exist"),
     (["--model", "empty"], "model folder 'empty' holds no config.json"),
     (["--set", "reward.model=/no/reward-model"], "model folder '/no/reward-model' does not exist"),
+    (["--reward", "rewards.py:brevity"], "reward.functions: reward function 'rewards.py:brevity': file 'rewards.py' does not exist"),
+    (["--reward", "exact_matsh"], "reward.functions: unknown reward function 'exact_matsh'"),
 ])
-def test_a_wrong_path_fails_before_the_model_libraries_load(tmp_path, args, error):
+def test_a_wrong_path_or_reward_fails_before_the_model_libraries_load(tmp_path, args, error):
     (tmp_path / "empty").mkdir()
     code = (
         "import sys\n"

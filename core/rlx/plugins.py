@@ -92,17 +92,23 @@ def _entry_points():
     return sorted(metadata.entry_points(group=GROUP), key=lambda ep: (ep.dist.name if ep.dist else "", ep.name))
 
 
+def check_file(spec: str, what: str = "local plugin") -> None:
+    """A ``path/to/file.py:attr`` spec's file must be there (checked without importing it)."""
+    target = spec.partition(":")[0]
+    if target.endswith(".py") and not Path(target).is_file():
+        raise PluginError(f"{what} {spec!r}: file {target!r} does not exist")
+
+
 def load_object(spec: str, what: str = "local plugin") -> Any:
     """Import ``module:attr`` or ``path/to/file.py:attr`` (``:attr`` optional for a module).
 
     The working directory is importable, as it is under ``python -m``.
     """
+    check_file(spec, what)
     target, _, attr = spec.partition(":")
     try:
         if target.endswith(".py"):
             path = Path(target)
-            if not path.is_file():
-                raise PluginError(f"{what} {spec!r}: file {target!r} does not exist")
             module_spec = importlib.util.spec_from_file_location(f"rlx_local_{path.stem}", path)
             module = importlib.util.module_from_spec(module_spec)
             module_spec.loader.exec_module(module)

@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 from rlx.algorithm import call_with_accepted
 from rlx.config import RewardConfig
-from rlx.plugins import PluginError, load_object
+from rlx.plugins import PluginError, check_file, load_object
 from rlx.registry import RegistryError
 from rlx.errors import RewardError
 from rlx.remote_rewards import is_url, remote_source
@@ -140,6 +140,21 @@ def _model_source(cfg: RewardConfig, host, device) -> RewardSource:
         return scorer(prompts, completions)
 
     return RewardSource("model", f"reward model {cfg.model!r}", model)
+
+
+def check_functions(cfg: RewardConfig, host) -> None:
+    """``reward.functions`` as far as it can be checked without running user code: each
+    name registered, each file there (``build_reward`` imports the rest)."""
+    for spec in cfg.functions:
+        if is_url(spec):
+            continue
+        if ":" not in spec:
+            _function_source(spec, cfg, host)  # a registry lookup
+            continue
+        try:
+            check_file(spec, what="reward function")
+        except PluginError as e:
+            raise RewardError(f"reward.functions: {e}") from e
 
 
 def _function_source(spec: str, cfg: RewardConfig, host) -> RewardSource:

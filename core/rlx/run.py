@@ -13,6 +13,7 @@ from rlx.config import RunConfig, to_dict
 from rlx.errors import ModelError, RlxError, RunError
 from rlx.host_memory import keep_freed_memory
 from rlx.paths import check_run
+from rlx.rewards import check_functions
 
 
 def _rank() -> int:
@@ -72,14 +73,16 @@ def with_builtin_models(config: RunConfig) -> RunConfig:
 
 def run(config: RunConfig, host, *, resume: bool = False) -> dict[str, float]:
     """Train ``config.algo`` and return the last step's metrics."""
-    try:
-        check_run(config)  # a wrong path fails in a second, before the model libraries load
+    spec = host.algorithms.get(config.algo)
+    try:  # a wrong path or reward name fails in a second, before the model libraries load
+        check_run(config)
+        if spec.loop == "online":
+            check_functions(config.reward, host)
     except RlxError as e:
         raise RunError(str(e)) from e
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # rlx shows its own progress; weight-loading bars are noise
-    spec = host.algorithms.get(config.algo)
     out = prepare_output(config, resume=resume)
     host.hook.on_train_start(config=config, output_dir=str(out))
     if spec.loop == "offline":
