@@ -107,15 +107,14 @@ def test_packed_kwargs_give_each_samples_bounds():
     assert kwargs["cu_seq_lens_k"] is kwargs["cu_seq_lens_q"]
 
 
-def test_auto_picks_the_varlen_kernel_only_for_packed_models_on_cuda(monkeypatch):
+def test_auto_picks_rlx_varlen_for_text_models_on_cuda(monkeypatch):
     from rlx import models
 
     monkeypatch.setattr(models.importlib.util, "find_spec", lambda name: None)  # no flash-attn
-    assert models.attn_implementation("auto", "cpu", packed=True) == "rlx_sdpa"
-    assert models.attn_implementation("auto", "cpu", packed=False) == "rlx_sdpa"
+    assert models.attn_implementation("auto", "cpu") == "rlx_sdpa"
     monkeypatch.setattr(varlen, "available", lambda device: torch.device(device).type == "cuda")
-    assert models.attn_implementation("auto", "cuda", packed=True) == "rlx_varlen"
-    assert models.attn_implementation("auto", "cuda", packed=False) == "sdpa"
+    assert models.attn_implementation("auto", "cuda") == "rlx_varlen"
+    assert models.attn_implementation("auto", "cuda", vlm=True) == "sdpa"
 
 
 def test_rlx_sdpa_matches_sdpa_on_a_padded_grouped_query_batch(monkeypatch):
@@ -209,10 +208,40 @@ def test_prompts_run_once_only_where_it_pays_and_the_layers_are_eager():
     with torch.no_grad():
         forward.response_logprobs(model, grouped_batch(n=1), 1.0)  # every prompt distinct
         assert seen == [2 * 11]
+    assert forward._shared_prompts(grouped_batch(n=1)) is None
+    assert forward._shared_prompts(grouped_batch()) is not None and forward._cache_ready(model)
+    for layer in model.model.layers:
+        layer.compile()  # a compiled layer would trace the cache: a row of shared prompts instead, on CUDA
+    assert not forward._cache_ready(model)
+    assert not forward._row_ready(model)  # on the CPU, where the rows' attention would go segment by segment
+
+
+def test_a_row_of_shared_prompts_gives_the_padded_forwards_numbers_and_gradients(monkeypatch):
+    """The path CUDA takes: each distinct prompt once in a packed row, then its samples'
+    responses, each attending to its prompt's keys and its own (on the CPU in float32 the
+    attention goes segment by segment; benchmarks/shared_prompts.py checks the flash kernel)."""
+    model, _ = model_and_batch(True)
+    varlen.register()
+    model.set_attn_implementation("rlx_varlen")
+    # interleaved: three samples of one prompt, four of the other
+    batch = grouped_batch(n=4).select([5, 0, 6, 1, 7, 2, 4])
+    batch.action_mask[1, 0] = 0  # a token that takes no gradient still attends and is attended to
+    weights = torch.randn(batch.action_mask.shape)
+    results, seen = [], tokens_seen(model)
+    monkeypatch.setattr(forward, "_cache_ready", lambda model: False)
+    for row in (False, True):
+        monkeypatch.setattr(forward, "_row_ready", lambda model: row)
+        model.zero_grad()
+        logp, _ = forward.response_logprobs(model, batch, 0.7)
+        (logp * weights).sum().backward()
+        results.append((logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}, seen[:]))
         seen.clear()
-        for layer in model.model.layers:
-            layer.compile()  # a compiled layer would trace the cache: one forward
-        assert forward._shared_prompts(model, grouped_batch()) is None
+    (want, want_grads, padded), (got, grads, shared) = results
+    assert padded == [7 * 11]
+    assert shared == [5 + 3 + int(batch.attention_mask[:, 5:].sum())]  # the two prompts once, then the responses
+    assert torch.allclose(got, want, atol=1e-5)
+    for name in want_grads:
+        assert torch.allclose(grads[name], want_grads[name], atol=1e-5), name
 
 
 def test_a_training_step_puts_a_prompts_samples_in_the_same_micro_batch(tiny_model_dir):

@@ -58,7 +58,9 @@ def test_devices_and_dtypes(monkeypatch):
 def test_attention_choice(monkeypatch):
     real = models.importlib.util.find_spec
     monkeypatch.setattr(models.importlib.util, "find_spec", lambda name: None if name == "flash_attn" else real(name))
-    assert models.attn_implementation("auto", "cuda") == "sdpa"
+    monkeypatch.setattr(models.varlen, "available", lambda device: torch.device(device).type == "cuda")
+    assert models.attn_implementation("auto", "cuda") == "rlx_varlen"
+    assert models.attn_implementation("auto", "cuda", vlm=True) == "sdpa"
     with pytest.raises(models.ModelError, match="flash-attn is not installed"):
         models.attn_implementation("flash_attention_2", "cuda")
     monkeypatch.setattr(models.importlib.util, "find_spec", lambda name: object())

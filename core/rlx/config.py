@@ -39,9 +39,10 @@ class ModelConfig:
     path: str = opt("builtin:tiny", "model folder, hub name, or builtin:NAME for a model rlx makes locally")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = opt("auto", "weights dtype; auto is float32 on CPU, bfloat16 on GPU")
     attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2", "rlx_varlen", "rlx_sdpa"] = opt(
-        "auto", "attention kernel; auto takes flash-attn when installed, else on CUDA with training.packing "
-                "rlx_varlen (torch's variable-length flash kernel for packed rows, SDPA otherwise), else on the "
-                "CPU rlx_sdpa (SDPA reading grouped-query heads in place), else SDPA")
+        "auto", "attention kernel; auto takes flash-attn when installed, else on CUDA for a text model "
+                "rlx_varlen (torch's variable-length flash kernel for packed rows, flex attention for rows of "
+                "shared prompts, SDPA otherwise), else on the CPU rlx_sdpa (SDPA reading grouped-query heads in "
+                "place), else SDPA")
     gradient_checkpointing: bool = opt(False, "recompute activations in the backward pass to save memory")
     trust_remote_code: bool = opt(False, "allow model code from the model folder")
     vlm_processor: str = opt("", "VLM processor for image data: a registered name, or auto (transformers' "
@@ -105,6 +106,8 @@ class TrainingConfig:
     epochs: int = opt(1, "passes over the data: training rows (offline) or prompts (online); max_steps wins when set")
     max_steps: int = opt(0, "stop after this many optimizer steps (0: run all epochs)")
     packing: bool = opt(False, "pack several samples into one row without padding (SFT; the online policy and reference passes)")
+    share_prompts: bool = opt(True, "online passes: run each distinct prompt of a micro-batch once, its samples' "
+                                    "responses attending to it (the same log-probs and gradients)")
     eval_every: int = opt(0, "evaluate every N steps (0: only at the end)")
     seed: int = opt(42, "seed for data order, initialisation and sampling")
     threads: int = opt(0, "CPU threads for torch (0: torch's choice); tiny models run best on 1")

@@ -51,17 +51,18 @@ def resolve_dtype(name: str, device: torch.device | str) -> torch.dtype:
     return _DTYPES[name]
 
 
-def attn_implementation(name: str, device: torch.device | str | None = None, packed: bool = False) -> str:
+def attn_implementation(name: str, device: torch.device | str | None = None, vlm: bool = False) -> str:
     """``auto`` takes flash-attn when it is installed and the device (by default the
-    GPU when there is one) is CUDA; else, for a model that trains on packed rows on
-    CUDA, torch's own variable-length kernel (``rlx.varlen``); else, on the CPU, SDPA
-    with grouped-query heads read in place (``rlx.sdpa``); else SDPA."""
+    GPU when there is one) is CUDA; else, for a text model on CUDA, ``rlx.varlen`` (SDPA,
+    torch's own variable-length kernel for packed rows, flex attention for rows of shared
+    prompts); else, on the CPU, SDPA with grouped-query heads read in place (``rlx.sdpa``);
+    else SDPA."""
     has_flash = importlib.util.find_spec("flash_attn") is not None
     if name == "auto":
         device = torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
         if has_flash and device.type == "cuda":
             return "flash_attention_2"
-        if packed and varlen.available(device):
+        if not vlm and varlen.available(device):
             name = varlen.NAME
         else:
             name = sdpa.NAME if device.type == "cpu" else "sdpa"
@@ -92,7 +93,7 @@ def load_tokenizer(path: str | Path):
     return tokenizer
 
 
-def _from_pretrained(auto_class, cfg: ModelConfig, device: torch.device, path: str | None, packed: bool = False,
+def _from_pretrained(auto_class, cfg: ModelConfig, device: torch.device, path: str | None, vlm: bool = False,
                      **kwargs):
     source = model_path(path or cfg.path)
     check_model_folder(source)
@@ -100,7 +101,7 @@ def _from_pretrained(auto_class, cfg: ModelConfig, device: torch.device, path: s
         model = auto_class.from_pretrained(
             source,
             dtype=resolve_dtype(cfg.dtype, device),
-            attn_implementation=attn_implementation(cfg.attn_implementation, device, packed),
+            attn_implementation=attn_implementation(cfg.attn_implementation, device, vlm),
             trust_remote_code=cfg.trust_remote_code,
             **kwargs,
         )
@@ -139,14 +140,12 @@ def _freeze(model):
     return model.eval()
 
 
-def load_causal_lm(cfg: ModelConfig, device: torch.device, *, path: str | None = None, trainable: bool = True,
-                   packed: bool = False):
+def load_causal_lm(cfg: ModelConfig, device: torch.device, *, path: str | None = None, trainable: bool = True):
     """A causal LM on ``device`` in the configured dtype and attention kernel.
 
     ``path`` overrides ``cfg.path`` (a reference model, say). A trainable model gets
     gradient checkpointing and LoRA as configured; a frozen one is in eval mode with no
-    gradients. ``packed``: its passes run on packed rows (``training.packing``), which
-    picks the attention kernel for them.
+    gradients.
     """
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
@@ -156,7 +155,7 @@ def load_causal_lm(cfg: ModelConfig, device: torch.device, *, path: str | None =
     check_model_folder(source)
     is_vlm = Path(source).expanduser().is_dir() and model_type(source)[1]
     model = _from_pretrained(AutoModelForImageTextToText if is_vlm else AutoModelForCausalLM, cfg, device, path,
-                             packed and not is_vlm)
+                             bool(is_vlm))
     if is_vlm and cfg.freeze_vision and trainable:
         vision_tower(model).requires_grad_(False)
     return _prepare_for_training(model, cfg, "CAUSAL_LM") if trainable else _freeze(model)

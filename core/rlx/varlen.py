@@ -6,12 +6,15 @@ kernel or, under SDPA, with a dense block-diagonal mask over the whole row: quad
 the row's length, so a micro-batch of 16 W1 samples packed would attend over 16 times the
 pairs it needs. This implementation runs PyTorch's own flash kernel for variable lengths
 (``torch.nn.attention.varlen``) on packed forwards and plain SDPA on every other call, and
-is what ``model.attn_implementation=auto`` picks on CUDA when ``training.packing`` is on
-and flash-attn is not installed.
+is what ``model.attn_implementation=auto`` picks on CUDA for text models when flash-attn is
+not installed.
 
 Packed callers pass ``cu_seq_lens_q`` (``packed_kwargs``), which transformers hands down to
 the attention function; a mask-free row of one sample, or a packed row given without them,
-is found from its positions.
+is found from its positions. A row whose samples share their prompts
+(``rlx.workers.forward``) also passes ``key_index``: each query segment then attends to
+its own run of keys, the row's keys gathered in that order (a response's run is its prompt's
+keys, then its own), causal from the end of the run.
 """
 
 from __future__ import annotations
@@ -58,11 +61,16 @@ def packed_kwargs(position_ids: torch.Tensor) -> dict:
 
 
 def attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None,
-              cu_seq_lens_q=None, max_length_q=None, position_ids=None, **kwargs):
+              cu_seq_lens_q=None, max_length_q=None, position_ids=None, key_index=None, cu_seq_lens_k=None,
+              max_length_k=None, **kwargs):
     """query [1, H, T, D], key/value [1, H_kv, T, D] -> ([1, T, H, D], None)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     causal = getattr(module, "is_causal", True)
+    if key_index is not None:  # a row of shared prompts: each segment's keys gathered after one another
+        key, value = key.index_select(2, key_index), value.index_select(2, key_index)
+    else:
+        cu_seq_lens_k, max_length_k = cu_seq_lens_q, max_length_q
     if query.shape[0] != 1:  # not a packed row
         cu_seq_lens_q = None
     elif cu_seq_lens_q is None and attention_mask is None and causal \
@@ -70,18 +78,20 @@ def attention(module, query, key, value, attention_mask, dropout: float = 0.0, s
         found = packed_kwargs(position_ids[0] if position_ids.dim() == 3 else position_ids)
         if len(found["cu_seq_lens_q"]) > 2:
             cu_seq_lens_q, max_length_q = found["cu_seq_lens_q"], found["max_length_q"]
+            cu_seq_lens_k, max_length_k = cu_seq_lens_q, max_length_q
     if cu_seq_lens_q is None or not causal or dropout or query.dtype not in (torch.float16, torch.bfloat16):
         if cu_seq_lens_q is not None:  # packed, but not for the flash kernel (float32, dropout): sample by sample
-            return _by_sample(module, query, key, value, cu_seq_lens_q, dropout, scaling, causal)
+            return _by_sample(module, query, key, value, cu_seq_lens_q, cu_seq_lens_k, dropout, scaling, causal)
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     out = _varlen(query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1),
-                  cu_seq_lens_q.int(), int(max_length_q), scaling)
+                  cu_seq_lens_q.int(), cu_seq_lens_k.int(), int(max_length_q), int(max_length_k), scaling)
     return out[None], None
 
 
-def _varlen(q, k, v, cu, longest: int, scale: float | None):
-    """q [T, H, D], k/v [T, H_kv, D] through torch's variable-length flash kernel, causal."""
+def _varlen(q, k, v, cu_q, cu_k, longest_q: int, longest_k: int, scale: float | None):
+    """q [T, H, D], k/v [T_k, H_kv, D] through torch's variable-length flash kernel, causal
+    (from the end of each key segment where it is longer than its queries')."""
     from torch.nn.attention.varlen import varlen_attn
 
     params = _kernel_params()
@@ -99,7 +109,7 @@ def _varlen(q, k, v, cu, longest: int, scale: float | None):
         kwargs["window_size"] = (-1, 0)
     else:
         kwargs["is_causal"] = True
-    return varlen_attn(q, k, v, cu, cu, longest, longest, **kwargs)
+    return varlen_attn(q, k, v, cu_q, cu_k, longest_q, longest_k, **kwargs)
 
 
 @functools.cache
@@ -112,14 +122,20 @@ def _kernel_params() -> frozenset[str]:
     return frozenset(inspect.signature(varlen_attn).parameters)
 
 
-def _by_sample(module, query, key, value, cu, dropout, scaling, causal):
-    """The packed row's samples one at a time through SDPA (float32 on CUDA, say)."""
+def _by_sample(module, query, key, value, cu_q, cu_k, dropout, scaling, causal):
+    """The packed row's segments one at a time through SDPA (float32 on CUDA, say); a
+    segment with more keys than queries is causal from the end of its keys, as the flash
+    kernel is."""
     import torch.nn.functional as F
 
     groups = query.shape[1] // key.shape[1]
     key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
-    bounds = cu.tolist()
-    parts = [F.scaled_dot_product_attention(query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], is_causal=causal,
-                                            dropout_p=dropout if module.training else 0.0, scale=scaling)
-             for s, e in zip(bounds[:-1], bounds[1:])]
+    parts = []
+    for q0, q1, k0, k1 in zip(cu_q.tolist(), cu_q.tolist()[1:], cu_k.tolist(), cu_k.tolist()[1:]):
+        mask = None
+        if causal and k1 - k0 != q1 - q0:
+            mask = torch.ones(q1 - q0, k1 - k0, dtype=torch.bool, device=query.device).tril(k1 - k0 - (q1 - q0))
+        parts.append(F.scaled_dot_product_attention(
+            query[:, :, q0:q1], key[:, :, k0:k1], value[:, :, k0:k1], attn_mask=mask, is_causal=causal and mask is None,
+            dropout_p=dropout if module.training else 0.0, scale=scaling))
     return torch.cat(parts, 2).transpose(1, 2).contiguous(), None

@@ -38,21 +38,25 @@ _KEEP_ELEMENTS = 1 << 24
 
 
 def response_logprobs(model, batch: Batch, temperature: float, *, with_entropy: bool = False,
-                      entropy_grad: bool = False, packed: bool = False):
+                      entropy_grad: bool = False, packed: bool = False, share: bool = True):
     """log softmax(z / T) of each response token [B, R], and the entropy of the untempered
     logits when asked (differentiable only with ``entropy_grad``); 0 on tokens outside
     ``action_mask``.
 
     The model runs up to its last hidden states; the output head then runs over the action
     tokens only, a chunk at a time, and under autograd each chunk is recomputed in the
-    backward pass: the [tokens, vocab] float32 logits never exist whole. ``packed`` runs
-    the samples as one row without their padding (``_packed_states``); otherwise samples
-    that share a prompt run it once (``_shared_prompt_states``).
+    backward pass: the [tokens, vocab] float32 logits never exist whole. Samples that share
+    a prompt run it once (``_shared_row_states`` on CUDA, ``_shared_prompt_states`` elsewhere);
+    otherwise ``packed`` runs the samples as one row without their padding (``_packed_states``).
+    ``share=False`` runs every sample's prompt.
     """
     index = batch.action_mask.flatten().nonzero().squeeze(-1)
-    if packed and not batch.extra:
+    shared = _shared_prompts(batch) if share and not batch.extra else None
+    if shared is not None and _row_ready(model):
+        states = _shared_row_states(model, batch, *shared)
+    elif packed and not batch.extra:
         states = _packed_states(model, batch)
-    elif not batch.extra and (shared := _shared_prompts(model, batch)) is not None:
+    elif shared is not None and _cache_ready(model):
         states = _shared_prompt_states(model, batch, *shared)
     else:
         response_len = batch.action_mask.shape[1]
@@ -71,17 +75,11 @@ def response_logprobs(model, batch: Batch, temperature: float, *, with_entropy: 
     return scatter(logp), scatter(entropy) if with_entropy else None
 
 
-def _shared_prompts(model, batch: Batch) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(one row of each distinct prompt, each row's prompt among them) when a batch's
+def _shared_prompts(batch: Batch) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(the first row of each distinct prompt, each row's prompt among them) when a batch's
     samples share prompts enough to pay (at most half as many prompts as rows, the n samples
-    of a GRPO group), and the model can run its prompts once: text positions, full attention
-    in every layer, its layers eager (a compiled layer would trace the cache), no gradient
-    checkpointing (which turns the cache off), not ZeRO-3. None otherwise."""
-    module = models.hf_module(model)
-    # under ZeRO-3 every forward gathers the weights with the other ranks, whose batches
-    # may share less: each rank must run as many forwards
-    if batch.position_ids is None or batch.position_ids.dim() != 2 or module.is_gradient_checkpointing \
-            or models.zero3(module) or models.layers_compiled(model) or not models.full_attention(module.config):
+    of a GRPO group) and its positions are plain text ones. None otherwise."""
+    if batch.position_ids is None or batch.position_ids.dim() != 2:
         return None
     p = batch.prompt_len
     prompts = torch.cat([batch.input_ids[:, :p], batch.attention_mask[:, :p]], 1)
@@ -91,6 +89,25 @@ def _shared_prompts(model, batch: Batch) -> tuple[torch.Tensor, torch.Tensor] | 
     rows = torch.arange(len(batch), device=inverse.device)
     first = torch.full((len(unique),), len(batch), device=inverse.device).scatter_reduce(0, inverse, rows, "amin")
     return first, inverse
+
+
+def _row_ready(model) -> bool:
+    """Whether ``model`` runs a row of shared prompts (``_shared_row_states``) on the flash
+    kernel: on CUDA, attending through ``rlx_varlen``, full attention in every layer."""
+    module = models.hf_module(model)
+    return next(module.parameters()).device.type == "cuda" and module.config._attn_implementation == varlen.NAME \
+        and models.full_attention(module.config)
+
+
+def _cache_ready(model) -> bool:
+    """Whether ``model`` can run its prompts once through a cache (``_shared_prompt_states``):
+    full attention in every layer, its layers eager (a compiled layer would trace the cache),
+    no gradient checkpointing (which turns the cache off), not ZeRO-3 (every forward gathers
+    the weights with the other ranks, whose batches may share less: each rank must run as many
+    forwards)."""
+    module = models.hf_module(model)
+    return not (module.is_gradient_checkpointing or models.zero3(module) or models.layers_compiled(model)) \
+        and models.full_attention(module.config)
 
 
 def _shared_prompt_states(model, batch: Batch, first: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
@@ -111,6 +128,54 @@ def _shared_prompt_states(model, batch: Batch, first: torch.Tensor, inverse: tor
     # the prompt's last state predicts the first response token; each response state the next
     first_state = out.hidden_states[-1][:, -1:].index_select(0, inverse)
     return torch.cat([first_state, rest.hidden_states[-1][:, :response_len - 1]], 1)
+
+
+def _shared_row_states(model, batch: Batch, first: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
+    """``response_logprobs``'s states from one forward over a packed row that holds each
+    distinct prompt once, followed by the responses of its samples, none of the padding.
+
+    Each response attends to its prompt's keys, then to its own (``rlx_varlen`` gathers them
+    by ``key_index`` for the variable-length flash kernel), so the numbers are those of one
+    forward over each prompt and response, and the prompts' gradients add up over their
+    samples. Unlike ``_shared_prompt_states`` this is one forward: compiled layers, gradient
+    checkpointing and ZeRO-3 take it.
+    """
+    rows, width = batch.input_ids.shape
+    p, device = batch.prompt_len, batch.input_ids.device
+    carries = torch.zeros(rows, dtype=torch.bool, device=device)
+    carries[first] = True  # the row that brings its prompt into the packed row
+    # a prompt's samples side by side, the one that carries it first
+    order = torch.argsort(inverse * rows + torch.arange(rows, device=device))
+    keep = batch.attention_mask != 0
+    keep[:, :p] &= carries[:, None]
+    keep = keep[order]
+    ids, positions = batch.input_ids[order][keep], batch.position_ids[order][keep]
+    row = torch.arange(rows, device=device)[:, None].expand(rows, width)[keep]
+    prompt = torch.arange(width, device=device).expand(rows, width)[keep] < p
+    # segments: each prompt, each response; a response's keys are its prompt's, then its own
+    docs, lengths = torch.unique_consecutive(2 * row + ~prompt, return_counts=True)
+    starts = lengths.cumsum(0) - lengths
+    group, is_prompt = inverse[order][docs // 2], docs % 2 == 0
+    prompt_start, prompt_len = lengths.new_zeros(len(first)), lengths.new_zeros(len(first))
+    prompt_start[group[is_prompt]], prompt_len[group[is_prompt]] = starts[is_prompt], lengths[is_prompt]
+    before = torch.where(is_prompt, 0, prompt_len[group])
+    run_starts = torch.stack([prompt_start[group], starts], 1).flatten()
+    run_lengths = torch.stack([before, lengths], 1).flatten()
+    run_offsets = run_lengths.cumsum(0) - run_lengths
+    total = int(run_lengths.sum())
+    key_index = (run_starts - run_offsets).repeat_interleave(run_lengths, output_size=total) \
+        + torch.arange(total, device=device)
+    zero = lengths.new_zeros(1)
+    out = model(input_ids=ids[None], position_ids=positions[None], logits_to_keep=1, output_hidden_states=True,
+                use_cache=False, key_index=key_index, cu_seq_lens_q=torch.cat([zero, lengths.cumsum(0)]).int(),
+                cu_seq_lens_k=torch.cat([zero, (before + lengths).cumsum(0)]).int(),
+                max_length_q=int(lengths.max()), max_length_k=int((before + lengths).max()))
+    # each (row, column)'s place in the packed row; a sample's prompt columns are its carrier's
+    place = torch.full((rows, width), -1, dtype=torch.long, device=device)
+    place[order] = place[order].masked_scatter(keep, torch.arange(len(ids), device=device))
+    place[:, :p] = place[first[inverse], :p]
+    # a response token is predicted from the place before; padding columns point anywhere valid
+    return out.hidden_states[-1][0][place[:, p - 1:width - 1].clamp(min=0)]
 
 
 def _packed_states(model, batch: Batch) -> torch.Tensor:

@@ -36,7 +36,7 @@ class OfflinePolicyWorker:
         if self.spec.head == "value":
             model = models.load_value_model(self.config.model, self.device)
         else:
-            model = models.load_causal_lm(self.config.model, self.device, packed=self.t.packing)
+            model = models.load_causal_lm(self.config.model, self.device)
         self.engine = make_engine(model, self.t, total_steps=total_steps,
                                   micro_steps_per_step=self.t.batch_size // self.t.micro_batch_size)
         self.engine.model.train()

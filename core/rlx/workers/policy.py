@@ -24,7 +24,7 @@ class PolicyWorker:
         self.config, self.a, self.t, self.r = config, config.algorithm, config.training, config.rollout
         device = models.resolve_device(self.t.device)
         torch.manual_seed(self.t.seed)  # the same weights wherever a launcher builds this worker
-        self.engine = make_engine(models.load_causal_lm(config.model, device, packed=self.t.packing), self.t,
+        self.engine = make_engine(models.load_causal_lm(config.model, device), self.t,
                                   total_steps=total_steps, micro_steps_per_step=micro_steps)
         self.loss_name = spec.policy_loss
         self.policy_loss = host.get("register_policy_losses", spec.policy_loss)
@@ -43,8 +43,8 @@ class PolicyWorker:
     def logprobs(self, batch: Batch) -> torch.Tensor:
         """log π(response tokens) under the current weights, [B, R]."""
         self.engine.model.eval()
-        return batched(lambda part: response_logprobs(self.engine.model, part, self.r.temperature,
-                                                      packed=self.t.packing)[0], batch, forward_micro_batch(self.t))
+        return batched(lambda part: response_logprobs(self.engine.model, part, self.r.temperature, packed=self.t.packing,
+                                                      share=self.t.share_prompts)[0], batch, forward_micro_batch(self.t))
 
     def train_step(self, batch: Batch, *, token_count: float, seq_count: float,
                    beta: float) -> tuple[dict[str, float], dict[str, float]]:
@@ -64,7 +64,7 @@ class PolicyWorker:
         # would stall the GPU while Python queues the next forward
         totals: dict[str, torch.Tensor] = {}
         # one optimizer step whatever the micro-batches hold: a prompt's samples go together,
-        # so that each micro-batch runs its prompts once (forward._shared_prompt_states)
+        # so that each micro-batch runs its prompts once (forward._shared_prompts)
         batch = batch.select(torch.argsort(batch.group_ids.cpu(), stable=True).tolist())
         for index in chunks(len(batch), self.t.micro_batch_size):
             for k, v in self._micro_step(batch.select(index), beta, token_count, agg).items():
@@ -81,7 +81,8 @@ class PolicyWorker:
     def _micro_step(self, micro: Batch, beta: float, tokens: float, agg: dict) -> dict[str, torch.Tensor]:
         a, engine, mask = self.a, self.engine, micro.action_mask
         logp, entropy = response_logprobs(engine.model, micro, self.r.temperature, with_entropy=True,
-                                          entropy_grad=bool(a.entropy_coef), packed=self.t.packing)
+                                          entropy_grad=bool(a.entropy_coef), packed=self.t.packing,
+                                          share=self.t.share_prompts)
         share = mask.sum() / tokens
         measured = {}
         old_logp = micro.old_logp
