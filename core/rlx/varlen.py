@@ -19,23 +19,25 @@ keys, then its own), causal from the end of the run.
 
 from __future__ import annotations
 
-import functools
 import inspect
 import math
 
 import torch
 
+try:
+    from torch.nn.attention.varlen import varlen_attn
+except ImportError:  # before torch 2.10
+    varlen_attn = None
+
 NAME = "rlx_varlen"
+# The kernel's keyword names, read here rather than inside a compiled layer: its signature
+# grew between torch releases (``window_size`` and ``scale`` in 2.11 after ``is_causal``;
+# ``enable_gqa`` later still, without which key heads are repeated).
+_PARAMS = frozenset(inspect.signature(varlen_attn).parameters) if varlen_attn is not None else frozenset()
 
 
 def available(device: torch.device | str) -> bool:
-    if torch.device(device).type != "cuda":
-        return False
-    try:
-        from torch.nn.attention import varlen  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return varlen_attn is not None and torch.device(device).type == "cuda"
 
 
 def register() -> None:
@@ -92,34 +94,21 @@ def attention(module, query, key, value, attention_mask, dropout: float = 0.0, s
 def _varlen(q, k, v, cu_q, cu_k, longest_q: int, longest_k: int, scale: float | None):
     """q [T, H, D], k/v [T_k, H_kv, D] through torch's variable-length flash kernel, causal
     (from the end of each key segment where it is longer than its queries')."""
-    from torch.nn.attention.varlen import varlen_attn
-
-    params = _kernel_params()
     groups = q.shape[1] // k.shape[1]
     kwargs = {}
-    if "enable_gqa" in params:
+    if "enable_gqa" in _PARAMS:
         kwargs["enable_gqa"] = groups > 1
     elif groups > 1:
         k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
-    if "scale" in params:
+    if "scale" in _PARAMS:
         kwargs["scale"] = scale
     elif scale is not None:
         q = q * (scale * math.sqrt(q.shape[-1]))
-    if "window_size" in params:
+    if "window_size" in _PARAMS:
         kwargs["window_size"] = (-1, 0)
     else:
         kwargs["is_causal"] = True
     return varlen_attn(q, k, v, cu_q, cu_k, longest_q, longest_k, **kwargs)
-
-
-@functools.cache
-def _kernel_params() -> frozenset[str]:
-    """The kernel's keyword names, read once: its signature grew between torch releases
-    (``window_size`` and ``scale`` in 2.11 after ``is_causal``; ``enable_gqa`` later still,
-    without which key heads are repeated)."""
-    from torch.nn.attention.varlen import varlen_attn
-
-    return frozenset(inspect.signature(varlen_attn).parameters)
 
 
 def _by_sample(module, query, key, value, cu_q, cu_k, dropout, scaling, causal):
