@@ -244,13 +244,14 @@ def test_a_row_of_shared_prompts_gives_the_padded_forwards_numbers_and_gradients
         assert torch.allclose(grads[name], want_grads[name], atol=1e-5), name
 
 
-def test_a_training_step_puts_a_prompts_samples_in_the_same_micro_batch(tiny_model_dir):
+@pytest.mark.parametrize("share", [True, False])
+def test_a_training_step_puts_a_prompts_samples_in_the_same_micro_batch(tiny_model_dir, share):
     from rlx.config import resolve
     from rlx.plugins import build_host
     from rlx.workers.policy import PolicyWorker
 
     config = resolve(build_host().algorithms.get("grpo"), {
-        "model": {"path": tiny_model_dir}, "training": {"batch_size": 6, "micro_batch_size": 3},
+        "model": {"path": tiny_model_dir}, "training": {"batch_size": 6, "micro_batch_size": 3, "share_prompts": share},
         "algorithm": {"rollout_batch_size": 2, "n_samples": 3}})
     policy = PolicyWorker(config, build_host(), total_steps=10, micro_steps=2)
     batch = grouped_batch().select([0, 3, 1, 4, 2, 5])  # shuffled: each group split across micro-batches
@@ -258,4 +259,7 @@ def test_a_training_step_puts_a_prompts_samples_in_the_same_micro_batch(tiny_mod
     batch.advantages = torch.randn(6, 6) * batch.action_mask
     seen = tokens_seen(policy.module())
     policy.train_step(batch, token_count=batch.action_mask.sum().item(), seq_count=6, beta=0.0)
-    assert seen == [5, 3 * 6, 5, 3 * 6]  # each micro-batch: its one prompt, then its three responses
+    if share:
+        assert seen == [5, 3 * 6, 5, 3 * 6]  # each micro-batch: its one prompt, then its three responses
+    else:
+        assert seen == [3 * 11, 3 * 11]  # training.share_prompts=false: every sample's prompt
