@@ -20,13 +20,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from local_overhead import w1_files  # noqa: E402
+from single_gpu import timed  # noqa: E402
 
 PEAK = 790e12
 PROMPTS, SAMPLES, PROMPT_LEN, RESPONSE_LEN = 64, 8, 128, 512
@@ -118,20 +118,13 @@ def case(model_dir: str, share: bool, micro: int, memory: float, steps: int, pro
     batch = grouped_batch(module.config.vocab_size, PROMPTS, SAMPLES, prompt_len, response_len, ragged=False)
     tokens, actions = batch.attention_mask.sum().item(), batch.action_mask.sum().item()
 
-    def timed(fn):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        result = fn()
-        torch.cuda.synchronize()
-        return result, time.perf_counter() - start
-
     logp, _ = timed(lambda: policy.logprobs(batch))  # compiles
     logp, logp_s = timed(lambda: policy.logprobs(batch))
-    start = time.perf_counter()
-    policy.train_step(batch, token_count=actions, seq_count=rows, beta=0.0)  # compiles
-    first = time.perf_counter() - start
-    runs = [timed(lambda: policy.train_step(batch, token_count=actions, seq_count=rows, beta=0.0))
-            for _ in range(steps)]
+    def train():
+        return policy.train_step(batch, token_count=actions, seq_count=rows, beta=0.0)
+
+    _, first = timed(train)  # compiles
+    runs = [timed(train) for _ in range(steps)]
     times = [t for _, t in runs]
     update = statistics.median(times)
     return {"share": share, "micro": micro, "memory": memory, "tokens": tokens,

@@ -40,8 +40,8 @@ class ModelConfig:
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = opt("auto", "weights dtype; auto is float32 on CPU, bfloat16 on GPU")
     attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2", "rlx_varlen", "rlx_sdpa"] = opt(
         "auto", "attention kernel; auto takes flash-attn when installed, else on CUDA for a text model "
-                "rlx_varlen (torch's variable-length flash kernel for packed rows, flex attention for rows of "
-                "shared prompts, SDPA otherwise), else on the CPU rlx_sdpa (SDPA reading grouped-query heads in "
+                "rlx_varlen (torch's variable-length flash kernel for packed rows and rows of shared prompts, "
+                "SDPA otherwise), else on the CPU rlx_sdpa (SDPA reading grouped-query heads in "
                 "place), else SDPA")
     gradient_checkpointing: bool = opt(False, "recompute activations in the backward pass to save memory")
     trust_remote_code: bool = opt(False, "allow model code from the model folder")

@@ -119,8 +119,8 @@ def _by_sample(module, query, key, value, cu_q, cu_k, dropout, scaling, causal):
 
     groups = query.shape[1] // key.shape[1]
     key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
-    parts = []
-    for q0, q1, k0, k1 in zip(cu_q.tolist(), cu_q.tolist()[1:], cu_k.tolist(), cu_k.tolist()[1:]):
+    parts, cu_q, cu_k = [], cu_q.tolist(), cu_k.tolist()
+    for q0, q1, k0, k1 in zip(cu_q, cu_q[1:], cu_k, cu_k[1:]):
         mask = None
         if causal and k1 - k0 != q1 - q0:
             mask = torch.ones(q1 - q0, k1 - k0, dtype=torch.bool, device=query.device).tril(k1 - k0 - (q1 - q0))

@@ -51,12 +51,13 @@ def response_logprobs(model, batch: Batch, temperature: float, *, with_entropy: 
     ``share=False`` runs every sample's prompt.
     """
     index = batch.action_mask.flatten().nonzero().squeeze(-1)
-    shared = _shared_prompts(batch) if share and not batch.extra else None
-    if shared is not None and _row_ready(model):
+    row = _row_ready(model)
+    shared = _shared_prompts(batch) if share and not batch.extra and (row or _cache_ready(model)) else None
+    if shared is not None and row:
         states = _shared_row_states(model, batch, *shared)
     elif packed and not batch.extra:
         states = _packed_states(model, batch)
-    elif shared is not None and _cache_ready(model):
+    elif shared is not None:
         states = _shared_prompt_states(model, batch, *shared)
     else:
         response_len = batch.action_mask.shape[1]
