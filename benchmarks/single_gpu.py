@@ -9,14 +9,17 @@ the same call:
   gradient checkpointing), each in its own process, with the GPU memory nvidia-smi reports
   sampled every 0.5 s, and the same run in other settings (``ARMS``).
 
-A step's time is what the driver waits for: the rollout (with overlap, only the part not
-hidden behind the last update), the update and the weight sync.
+A step's time is the trainer's ``time/step``: everything from taking a rollout (with
+overlap, only the part not hidden behind the last update) to logging the step, as TRL's is
+from one step's end to the next.
 
     python benchmarks/single_gpu.py [--parts rollout,grpo,grpo_awake,grpo_sleep,grpo_lean,grpo_mb32,grpo_mb32_lean,
                                              grpo_overlap,grpo_overlap_lean,trl]
-                                    [--steps 4] [--out DIR]
+                                    [--steps 4] [--out DIR] [--profile]
 
-Prints a table and writes ``single_gpu.json`` to ``--out``.
+Prints a table and writes ``single_gpu.json`` to ``--out``; with ``--profile`` each rlx run
+is profiled on the host after its first step (``step_profile.py``), into
+``<arm>_profile.txt`` there.
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
 from local_overhead import w1_files  # noqa: E402
 
 PROMPTS, SAMPLES, PROMPT_LEN, NEW_TOKENS = 64, 8, 128, 512
@@ -142,16 +146,22 @@ def rollout_part(model_dir: str, data: Path, results: dict) -> None:
     torch.cuda.empty_cache()
 
 
-def rlx_grpo(args: list[str], out: Path, steps: int) -> dict:
+def rlx_grpo(args: list[str], out: Path, steps: int, profile: Path | None = None) -> dict:
     cmd = [sys.executable, "-m", "rlx_cli", "train", "--algo", "grpo", *args, "--set", "rollout.max_batch_size=512",
            "--max-steps", str(steps), "--output", str(out)]
+    env = os.environ
+    if profile is not None:
+        cmd += ["--plugin", "step_profile:plugin"]
+        env = {**env, "PYTHONPATH": os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")])}
     with GpuMemory() as memory:
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode:
         raise SystemExit(f"rlx train failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    if profile is not None:
+        profile.write_text(proc.stdout)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     rows = [r for r in rows if "time/rollout" in r]
-    step = [r["time/rollout_wait"] + r["time/train"] + r["time/sync"] for r in rows]
+    step = [r["time/step"] for r in rows]
     return {"step_s": step, "rollout_s": [r["time/rollout"] for r in rows], "train_s": [r["time/train"] for r in rows],
             "logprobs_s": [r.get("time/logprobs") for r in rows],
             "peak_reserved_gib": [r.get("memory/peak_reserved_gib") for r in rows],
@@ -160,7 +170,7 @@ def rlx_grpo(args: list[str], out: Path, steps: int) -> dict:
 
 
 def trl_grpo(model_dir: str, data: Path, steps: int) -> dict:
-    script = Path(__file__).resolve().parent / "trl_grpo.py"
+    script = HERE / "trl_grpo.py"
     with tempfile.TemporaryDirectory() as tmp, GpuMemory() as memory:
         result = Path(tmp) / "trl.json"
         proc = subprocess.run([sys.executable, str(script), "--model", model_dir, "--data", str(data), "--steps",
@@ -197,6 +207,7 @@ def main() -> None:
     parser.add_argument("--parts", default="rollout,grpo,trl")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
+    parser.add_argument("--profile", action="store_true")
     args = parser.parse_args()
     parts = args.parts.split(",")
     results: dict = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__}
@@ -217,12 +228,14 @@ def main() -> None:
             rollout_part(model_dir, data, results)
             save()
         if "grpo" in parts:
-            results["rlx_grpo"] = rlx_grpo(workload, tmp / "rlx-run", args.steps)
+            results["rlx_grpo"] = rlx_grpo(workload, tmp / "rlx-run", args.steps,
+                                           args.out / "grpo_profile.txt" if args.profile else None)
             save()
         for name, settings in ARMS.items():
             if name in parts:
                 sets = [a for s in settings for a in ("--set", s)]
-                results[f"rlx_{name}"] = rlx_grpo([*workload, *sets], tmp / name, args.steps)
+                results[f"rlx_{name}"] = rlx_grpo([*workload, *sets], tmp / name, args.steps,
+                                                 args.out / f"{name}_profile.txt" if args.profile else None)
                 save()
     print(json.dumps(results, indent=1))
     if "rollout" in results:

@@ -2,7 +2,8 @@
 Triton's interpreter on the CPU, against SDPA: grouped query heads padded to the kernel's
 tile, prompt padding that masks whole leading blocks, spans that end inside a block, and a
 batch smaller than the cache's rows, this step's key and value written by the kernel, and
-prompt columns read from the row named as holding the prompt."""
+prompt columns read from the row named as holding the prompt, and a span reaching far past
+the rows' columns (a graph captured once for the whole cache)."""
 
 import json
 import os
@@ -14,9 +15,10 @@ import json, torch, torch.nn.functional as F
 from rlx.engines.decode_attention import decode_attention
 torch.manual_seed(0)
 diffs, written = [], []
-for b, rows, kv, groups, d, length, span, block, width in [(6, 8, 2, 7, 32, 200, 150, 64, 90),
-                                                           (3, 3, 1, 4, 64, 90, 90, 32, 40),
-                                                           (4, 5, 2, 1, 16, 130, 67, 64, 60)]:
+for b, rows, kv, groups, d, length, span, block, width, behind in [(6, 8, 2, 7, 32, 200, 150, 64, 90, 6),
+                                                                   (3, 3, 1, 4, 64, 90, 90, 32, 40, 6),
+                                                                   (4, 5, 2, 1, 16, 130, 67, 64, 60, 6),
+                                                                   (5, 6, 2, 7, 32, 200, 200, 32, 40, 150)]:
     q = torch.randn(b, kv, groups, d)
     k, v = torch.randn(b, 1, kv, d).transpose(1, 2), torch.randn(b, 1, kv, d).transpose(1, 2)  # as the decoder's
     keys, values = torch.randn(rows, kv, length, d), torch.randn(rows, kv, length, d)
@@ -26,8 +28,8 @@ for b, rows, kv, groups, d, length, span, block, width in [(6, 8, 2, 7, 32, 200,
     pad[0] = width - 1  # more than a whole block of padding before the first real column
     pad[:b] = pad[source]
     before = keys.clone(), values.clone()
-    # each row's own column, the span's last or up to 5 before it (rows that joined the batch later)
-    column = span - 1 - torch.randint(0, 6, (rows,))
+    # each row's own column: the span's last or up to behind - 1 before it (rows that joined later)
+    column = span - 1 - torch.randint(0, behind, (rows,))
     valid = (torch.arange(length)[None] >= pad[:, None]) | (torch.arange(length)[None] >= width)
     out = decode_attention(q, k, v, keys, values, valid, column, span, d ** -0.5, source, torch.full((rows,), width),
                            block=block)
@@ -48,8 +50,8 @@ def test_kernel_matches_sdpa_under_the_interpreter():
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     diffs, written = json.loads(result.stdout.strip().splitlines()[-1])
-    assert len(diffs) == 3 and max(diffs) < 1e-5, diffs
-    assert written == [True] * 3  # this step's key and value in its column, of its rows only
+    assert len(diffs) == 4 and max(diffs) < 1e-5, diffs
+    assert written == [True] * 4  # this step's key and value in its column, of its rows only
 
 
 def test_the_kernel_compiles_for_an_h200():

@@ -199,3 +199,29 @@ def test_a_rollout_never_compiles_the_policys_compiled_layers(tokenizer, prompts
     assert counter.frame_count == 0
     model(torch.tensor(prompts[:1]))  # outside a rollout the compiled layers compile
     assert counter.frame_count > 0
+
+
+def test_texts_are_each_rows_decode(tmp_path, tokenizer):
+    from rlx.rollout import texts
+    from rlx.tiny import make_tokenizer
+
+    bpe = make_tokenizer(tmp_path / "bpe")
+    special = sorted(bpe.all_special_ids)
+    rows = [bpe("12 + 30 = 42, so: yes!", add_special_tokens=False).input_ids + special,
+            [], special[:1] + bpe(" héllo wörld").input_ids, list(range(0, len(bpe), 7))]
+    assert texts(bpe, rows) == [bpe.decode(r, skip_special_tokens=True) for r in rows]
+    # the backend's batch decode is taken only where decode is the backend's: else row by row
+    calls = []
+
+    class Marked(type(bpe)):
+        def decode(self, ids, **kwargs):
+            calls.append(ids)
+            return "<" + super().decode(ids, **kwargs) + ">"
+
+    marked = Marked.from_pretrained(tmp_path / "bpe")
+    assert texts(marked, rows) == ["<" + bpe.decode(r, skip_special_tokens=True) + ">" for r in rows]
+    assert calls == rows
+    spaced = copy.deepcopy(tokenizer)
+    spaced.clean_up_tokenization_spaces = True
+    words = [tokenizer("a , b .", add_special_tokens=False).input_ids]
+    assert texts(spaced, words) == [spaced.decode(words[0], skip_special_tokens=True)]

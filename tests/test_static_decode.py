@@ -264,3 +264,25 @@ def test_prompts_join_as_rows_finish(tokenizer, greedy, keys_transposed):  # noq
         assert len(prefilled) > len(range(0, len(prompts), 2))  # prompts joined one at a time
     else:
         assert [c.token_ids for c in fast.generate(prompts, params)] == [c.token_ids for c in got]
+
+
+def test_a_stacked_gate_and_up_projection_gives_the_mlps_output(monkeypatch):
+    """The decode step's MLP with one matmul for the gate and up projections (the CUDA graph's
+    path, run here eagerly) against the model's own; LoRA-wrapped or too large, none is stacked."""
+    from rlx.engines import static_decode
+
+    model = make_model()
+    layers = list(model.model.layers)
+    stacked = static_decode._stacked_gate_ups(layers)
+    x, attended = torch.randn(5, 1, 64), torch.randn(5, 1, 64)
+    with torch.no_grad():
+        for layer, gate_up in zip(layers, stacked):
+            torch.cat([layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight], out=gate_up)
+            torch.testing.assert_close(static_decode._mlp(layer, x, attended, gate_up),
+                                       static_decode._mlp(layer, x, attended), rtol=1e-5, atol=1e-5)
+    monkeypatch.setattr(static_decode, "GATE_UP_BYTES", sum(2 * layer.mlp.gate_proj.weight.nbytes for layer in layers) - 1)
+    assert static_decode._stacked_gate_ups(layers) == [None] * len(layers)
+    peft = pytest.importorskip("peft")
+    lora = peft.get_peft_model(make_model(), peft.LoraConfig(r=4, target_modules=["up_proj"]))
+    monkeypatch.setattr(static_decode, "GATE_UP_BYTES", 1 << 30)
+    assert static_decode._stacked_gate_ups(list(lora.base_model.model.model.layers)) == [None] * len(layers)

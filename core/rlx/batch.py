@@ -51,11 +51,17 @@ class Batch:
 
     def select(self, index: list[int] | torch.Tensor) -> "Batch":
         """The samples at ``index``, in that order."""
-        picked = {name: value[index] for name, value in self._tensors().items()}
-        extra = {k: _ragged_select(v, self.extra_rows[k], index) if k in self.extra_rows else v[index]
+        placed: dict[torch.device, torch.Tensor] = {}
+
+        def pick(value: torch.Tensor) -> torch.Tensor:
+            if value.device not in placed:
+                placed[value.device] = _on_device(index, value.device)
+            return value[placed[value.device]]
+
+        picked = {name: pick(value) for name, value in self._tensors().items()}
+        extra = {k: _ragged_select(v, self.extra_rows[k], index) if k in self.extra_rows else pick(v)
                  for k, v in self.extra.items()}
-        return dataclasses.replace(self, **picked, extra=extra,
-                                   extra_rows={k: v[index] for k, v in self.extra_rows.items()})
+        return dataclasses.replace(self, **picked, extra=extra, extra_rows={k: pick(v) for k, v in self.extra_rows.items()})
 
     def split(self, parts: int) -> list["Batch"]:
         """``parts`` contiguous shares of nearly equal size (a rank's share each); every
@@ -91,6 +97,17 @@ class Batch:
     def responses(self) -> torch.Tensor:
         """The response tokens, [B, R]."""
         return self.input_ids[:, self.prompt_len:]
+
+
+def _on_device(index: list[int] | torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``index`` as a tensor on ``device``, copied there without waiting for the GPU. A host
+    index makes each tensor it indexes copy it over first, a copy that waits for the GPU's
+    queue to drain: once per tensor of every micro-batch, the GPU idling each time while the
+    host queued the next forward."""
+    index = torch.as_tensor(index, dtype=torch.long)
+    if device.type == "cuda" and index.device.type == "cpu":
+        return index.pin_memory().to(device, non_blocking=True)
+    return index.to(device)
 
 
 def _ragged_select(values: torch.Tensor, rows: torch.Tensor, index: list[int] | torch.Tensor) -> torch.Tensor:

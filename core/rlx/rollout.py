@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
-from transformers import DynamicCache
+from transformers import DynamicCache, PreTrainedTokenizerFast
 
 from rlx.engines.static_decode import StaticDecoder, sample, supports
 from rlx.multimodal import ModelInputs, collate, model_positions, padded_positions, present
@@ -237,9 +237,8 @@ class NativeEngine(RolloutEngine):
     def _completions(self, first_index: int, tokens: list[list[int]], logprobs: list[list[float]], finished,
                      params: SamplingParams) -> list[Completion]:
         completions = []
-        for row, (row_tokens, row_logprobs) in enumerate(zip(tokens, logprobs)):
+        for row, (row_tokens, row_logprobs, text) in enumerate(zip(tokens, logprobs, texts(self.tokenizer, tokens))):
             done = bool(row_tokens) and finished(row_tokens)
-            text = self.tokenizer.decode(row_tokens, skip_special_tokens=True)
             if done and row_tokens[-1] not in self.eos_ids:
                 text = _cut_after_stop(text, params.stop)
             completions.append(Completion(first_index + row // params.n, row_tokens, row_logprobs, text,
@@ -338,6 +337,17 @@ def _vision_ids(config: Any, device: torch.device) -> torch.Tensor | None:
     text-only model."""
     ids = [getattr(config, name) for name in VISION_TOKEN_IDS if isinstance(getattr(config, name, None), int)]
     return torch.tensor(ids, device=device) if ids else None
+
+
+def texts(tokenizer: Any, rows: list[list[int]]) -> list[str]:
+    """``tokenizer.decode(row, skip_special_tokens=True)`` of each row. A fast tokenizer whose
+    decode is its Rust backend's, with no clean-up of spaces, decodes them all in one call on
+    every core: W1's 512 rows of 512 tokens took 0.1 s a row at a time."""
+    cls = type(tokenizer)
+    if (isinstance(tokenizer, PreTrainedTokenizerFast) and not tokenizer.clean_up_tokenization_spaces
+            and cls.decode is PreTrainedTokenizerFast.decode and cls._decode is PreTrainedTokenizerFast._decode):
+        return tokenizer.backend_tokenizer.decode_batch(rows, skip_special_tokens=True)
+    return [tokenizer.decode(row, skip_special_tokens=True) for row in rows]
 
 
 def _cut_after_stop(text: str, stop: tuple[str, ...]) -> str:

@@ -73,11 +73,13 @@ if triton is not None:
         m = tl.full([GROUPS_PAD], float("-inf"), tl.float32)
         total = tl.zeros([GROUPS_PAD], tl.float32)
         acc = tl.zeros([GROUPS_PAD, D], tl.float32)
-        for start in range(0, span, BLOCK):
+        # the columns before this step's (its own key and value are in registers): a row
+        # reads no further, however far the span its graph was captured for reaches
+        seen = tl.minimum(last, span)
+        for start in range(0, seen, BLOCK):
             n = start + tl.arange(0, BLOCK)
-            inside = n < span
-            # the columns before this step's: its own key and value are in registers
-            ok = inside & (n < last) & (tl.load(Valid + row * smb + n, mask=inside, other=0) != 0)
+            inside = n < seen
+            ok = inside & (tl.load(Valid + row * smb + n, mask=inside, other=0) != 0)
             owner = tl.where(n < width, source, row)  # whose copy of each column is read
             k = tl.load(K + owner[:, None] * skb + head * skh + n[:, None] * skn + d[None, :], mask=inside[:, None],
                         other=0.0)
