@@ -7,13 +7,14 @@ thousand kernel launches, a new attention mask and a growing cache per token. He
 cache never moves, the mask is one comparison, and on CUDA a whole step (forward,
 sampling, bookkeeping) is one graph replay, so the GPU never waits for Python. Inside
 it, the work between the matmuls runs compiled, the query, key and value projections are
-one matmul, attention (with the cache write) is a Triton kernel (``decode_attention``) and
-sampling two more (``draw``).
+one matmul (and in small models the gate and up projections too), attention (with the
+cache write) is a Triton kernel (``decode_attention``) and sampling two more (``draw``).
 
 Rows that finish keep their slot until the batch is compacted: on CUDA when half the
 rows are done (graphs are captured per batch-size bucket, and with SDPA per cache-length
-bucket too), on the CPU at every step. The host reads the sampled tokens every few steps, not after each one,
-and on CUDA one chunk late, so that the GPU decodes on while the host checks them.
+bucket too), on the CPU at every step. The host reads the sampled tokens every few steps,
+not after each one, and on CUDA one chunk late, so that the GPU decodes on while the host
+checks them.
 
 It drives decoder-only models of the Llama family and the language models of Qwen2-VL
 and Qwen2.5-VL (``supports``); anything else takes the engine's plain transformers loop.
