@@ -152,7 +152,7 @@ def rlx_grpo(args: list[str], out: Path, steps: int, profile: Path | None = None
     env = os.environ
     if profile is not None:
         cmd += ["--plugin", "step_profile:plugin"]
-        env = {**env, "PYTHONPATH": os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")])}
+        env = {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH")]))}
     with GpuMemory() as memory:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode:
