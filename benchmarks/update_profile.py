@@ -1,6 +1,7 @@
 """Where W1's update and log-prob pass spend their time (one GPU): the policy worker's
 ``train_step`` over 512 samples of 128 prompt + 512 response tokens and its no-grad
-``logprobs``, timed with the output head's softmax arithmetic eager and compiled, with and
+``logprobs``, timed with the output head's softmax arithmetic eager and in its Triton kernels
+(``rlx.logprob_kernels``; torch.compile's kernels before 2026-12-06), with and
 without the decoder layers compiled, and the GPU kernels of one training micro-batch.
 
     python benchmarks/update_profile.py [--out DIR]
@@ -65,8 +66,8 @@ def main() -> None:
     from rlx.workers import forward
     from rlx.workers.policy import PolicyWorker
 
-    fused = forward._fused
-    eager = lambda fn, logits: fn  # noqa: E731
+    fused = forward.logprob_kernels.supported
+    eager = lambda device: False  # noqa: E731
     tmp = tempfile.mkdtemp()
     model_dir = w1_files(Path(tmp))[1]
     host = build_host()
@@ -94,11 +95,11 @@ def main() -> None:
     for micro in (16, 64):
         policy.t.forward_micro_batch_size = micro
         for name, fn in (("eager", eager), ("fused", fused)):
-            forward._fused = fn
+            forward.logprob_kernels.supported = fn
             record(f"logprobs_{name}_micro{micro}", timed(lambda: policy.logprobs(batch))[0], 2)
     policy.t.micro_batch_size = 16
     for name, fn in (("eager", eager), ("fused", fused)):
-        forward._fused = fn
+        forward.logprob_kernels.supported = fn
         record(f"train_{name}_micro16", timed(train)[0], 6)
     policy.t.micro_batch_size = 32
     record("train_fused_micro32", timed(train)[0], 6)

@@ -4,12 +4,13 @@ reference log-probs and the training step all compute the same thing."""
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Iterator
 
 import torch
 
-from rlx import models, ops, varlen
+from rlx import logprob_kernels, models, ops, varlen
 from rlx.batch import Batch
 from rlx.multimodal import model_positions, present
 
@@ -202,24 +203,24 @@ def _head_logprobs(head, hidden: torch.Tensor, labels: torch.Tensor, temperature
                    entropy_grad: bool):
     from torch.utils.checkpoint import checkpoint
 
+    if len(hidden) == 0:  # no action tokens: empty results that still reach the graph
+        empty = hidden[:, 0].float() * 0
+        return empty, empty
     vocab = head.out_features if hasattr(head, "out_features") else head.weight.shape[0]
     size = max(1, _CHUNK_ELEMENTS // vocab)
     # A plain linear head (not LoRA-wrapped, not a ZeRO-3 shard) takes the hand-written
-    # backward, which recomputes only the logits; otherwise autograd replays the chunk.
+    # backward, which recomputes only the logits; otherwise autograd replays each chunk.
     direct = type(head) is torch.nn.Linear and head.bias is None and not hasattr(head.weight, "ds_id")
-    keep = hidden.device.type != "cuda" and len(hidden) * vocab <= _KEEP_ELEMENTS
+    if torch.is_grad_enabled() and direct and not entropy_grad:
+        keep = hidden.device.type != "cuda" and len(hidden) * vocab <= _KEEP_ELEMENTS
+        return _HeadLogprob.apply(hidden, head.weight, labels, temperature, with_entropy, size, keep)
     parts = []
     for start in range(0, len(hidden), size):
         h, y = hidden[start:start + size], labels[start:start + size]
-        if not torch.is_grad_enabled():
-            parts.append(_chunk(head, h, y, temperature, with_entropy))
-        elif direct and not entropy_grad:
-            parts.append(_HeadLogprob.apply(h, head.weight, y, temperature, with_entropy, keep))
-        else:
+        if torch.is_grad_enabled():
             parts.append(checkpoint(_chunk, head, h, y, temperature, with_entropy, use_reentrant=False))
-    if not parts:  # no action tokens: empty results that still reach the graph
-        empty = hidden[:, 0].float() * 0
-        return empty, empty
+        else:
+            parts.append(_chunk(head, h, y, temperature, with_entropy))
     return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
 
@@ -228,33 +229,15 @@ def _chunk(head, hidden, labels, temperature, with_entropy):
     if torch.is_grad_enabled():  # autograd replays this chunk: plain ops
         logp = ops.token_logprobs(logits, labels, temperature)
         return logp, ops.entropy_from_logits(logits) if with_entropy else logp.new_zeros(0)
-    logp, _, entropy = _fused(_stats, logits)(logits, labels, temperature, with_entropy)
+    logp, _, entropy = _stats_of(logits)(logits, labels, temperature, with_entropy)
     return logp, entropy
 
 
-def _stats(logits, labels, temperature: float, with_entropy: bool):
-    """log softmax(z / T) at the labels, its normaliser logsumexp(z / T), and the entropy of
-    softmax(z) when asked (ops.token_logprobs and ops.entropy_from_logits, sharing one upcast)."""
-    scaled = logits.float() / temperature
-    lse = scaled.logsumexp(-1)
-    logp = scaled.gather(-1, labels[:, None]).squeeze(-1) - lse
-    if not with_entropy:
-        return logp, lse, lse.new_zeros(0)
-    # at T = 1 the entropy's normaliser is the log-probs' own
-    return logp, lse, ops.entropy_from_logits(scaled, lse) if temperature == 1 else ops.entropy_from_logits(logits)
-
-
-def _logits_grad(logits, lse, labels, grad_logp, temperature: float):
-    """∂(Σ g·logp)/∂z = g·(onehot − softmax(z / T)) / T, in the logits' dtype."""
-    g = grad_logp[:, None].float()
-    onehot = torch.arange(logits.shape[-1], device=logits.device) == labels[:, None]
-    return ((onehot.float() - torch.exp(logits.float() / temperature - lse[:, None])) * (g / temperature)).to(logits.dtype)
-
-
-def _stats_eager(logits, labels, temperature: float, with_entropy: bool, keep: bool = False):
-    """``_stats`` from eager kernels that each make one pass (log_softmax, exp), rather
-    than logsumexp's several; with ``keep`` the second value is softmax(z / T) itself
-    rather than its normaliser."""
+def _stats(logits, labels, temperature: float, with_entropy: bool, keep: bool = False):
+    """log softmax(z / T) at the labels, its normaliser logsumexp(z / T) and the entropy of
+    softmax(z) when asked (``ops.token_logprobs`` and ``ops.entropy_from_logits``), from
+    eager kernels that each make one pass (log_softmax, exp) rather than logsumexp's
+    several; with ``keep`` the second value is softmax(z / T) itself rather than its normaliser."""
     scaled = logits.float() if temperature == 1 else logits.float() / temperature
     logprobs = scaled.log_softmax(-1)
     logp = logprobs.gather(-1, labels[:, None]).squeeze(-1)
@@ -268,55 +251,69 @@ def _stats_eager(logits, labels, temperature: float, with_entropy: bool, keep: b
     return logp, saved, -torch.linalg.vecdot(probs, logprobs)
 
 
-def _logits_grad_eager(logits, lse, labels, grad_logp, temperature: float):
-    """``_logits_grad`` as softmax's one pass and two in-place updates."""
+def _logits_grad(logits, lse, labels, grad_logp, temperature: float):
+    """∂(Σ g·logp)/∂z = g·(onehot − softmax(z / T)) / T in the logits' dtype, as softmax's
+    one pass and two in-place updates."""
     g = grad_logp.float() / temperature
     grad = (logits.float() if temperature == 1 else logits.float() / temperature).softmax(-1).mul_(-g[:, None])
     return grad.scatter_add_(-1, labels[:, None], g[:, None]).to(logits.dtype)
 
 
-_COMPILED: dict = {}
-_EAGER = {_stats: _stats_eager, _logits_grad: _logits_grad_eager}
+def _stats_of(logits: torch.Tensor):
+    """``_stats`` for these logits: one read of them in Triton kernels on CUDA."""
+    return logprob_kernels.stats if logprob_kernels.supported(logits.device) else _stats
 
 
-def _fused(fn, logits: torch.Tensor):
-    """``fn`` compiled on CUDA, where it becomes one pass over the bf16 logits; elsewhere
-    its eager form."""
-    if logits.device.type != "cuda":
-        return _EAGER[fn]
-    if fn not in _COMPILED:
-        _COMPILED[fn] = torch.compile(fn, dynamic=True)
-    return _COMPILED[fn]
+def _grad_of(logits: torch.Tensor):
+    """``_logits_grad`` for these logits: on CUDA a Triton kernel that writes the gradient
+    over the logits, which the backward pass recomputed and needs no more."""
+    if logprob_kernels.supported(logits.device):
+        return lambda z, lse, labels, g, temperature: logprob_kernels.logits_grad(z, lse, labels, g, temperature,
+                                                                                   out=z)
+    return _logits_grad
 
 
 class _HeadLogprob(torch.autograd.Function):
     """log softmax(h·Wᵀ / T) at the labels (and the entropy of softmax(h·Wᵀ), as a value
-    only) for one chunk of tokens. Saves the chunk's hidden states and one normaliser per
-    token, and the backward pass recomputes the logits once: ∂logp/∂z = (onehot − softmax(z/T)) / T.
-    With ``keep`` it saves softmax(z/T) itself instead."""
+    only), ``size`` tokens at a time. Saves the hidden states and one normaliser per token;
+    the backward pass recomputes each chunk's logits once, ∂logp/∂z = (onehot − softmax(z/T)) / T,
+    and adds the chunks' weight gradients up in one buffer (as separate autograd nodes each
+    chunk's took a copy and an addition of the whole head: 4 % of W1's update). With ``keep``
+    it saves softmax(z/T) itself instead."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, labels, temperature, with_entropy, keep=False):
-        logits = hidden @ weight.t()
-        ctx.temperature, ctx.keep = temperature, keep
-        if keep:
-            logp, saved, entropy = _stats_eager(logits, labels, temperature, with_entropy, keep=True)
-        else:
-            logp, saved, entropy = _fused(_stats, logits)(logits, labels, temperature, with_entropy)
-        ctx.save_for_backward(hidden, weight, labels, saved)
+    def forward(ctx, hidden, weight, labels, temperature, with_entropy, size, keep):
+        logps, saved, entropies = [], [], []
+        for start in range(0, len(hidden), size):
+            logits = hidden[start:start + size] @ weight.t()
+            stats = functools.partial(_stats, keep=True) if keep else _stats_of(logits)
+            logp, kept, entropy = stats(logits, labels[start:start + size], temperature, with_entropy)
+            logps.append(logp)
+            saved.append(kept)
+            entropies.append(entropy)
+        ctx.temperature, ctx.size, ctx.keep = temperature, size, keep
+        ctx.save_for_backward(hidden, weight, labels, torch.cat(saved))
+        entropy = torch.cat(entropies)
         ctx.mark_non_differentiable(entropy)
-        return logp, entropy
+        return torch.cat(logps), entropy
 
     @staticmethod
     def backward(ctx, grad_logp, grad_entropy):
         hidden, weight, labels, saved = ctx.saved_tensors
-        if ctx.keep:
-            g = grad_logp.float() / ctx.temperature
-            grad = (saved * -g[:, None]).scatter_add_(-1, labels[:, None], g[:, None]).to(hidden.dtype)
-        else:
-            logits = hidden @ weight.t()
-            grad = _fused(_logits_grad, logits)(logits, saved, labels, grad_logp, ctx.temperature)
-        return grad @ weight, grad.t() @ hidden, None, None, None, None
+        grad_hidden, grad_weight = torch.empty_like(hidden), None
+        for start in range(0, len(hidden), ctx.size):
+            end = start + ctx.size
+            h, y, g = hidden[start:end], labels[start:end], grad_logp[start:end]
+            if ctx.keep:
+                g = g.float() / ctx.temperature
+                grad = (saved[start:end] * -g[:, None]).scatter_add_(-1, y[:, None], g[:, None]).to(hidden.dtype)
+            else:
+                logits = h @ weight.t()
+                grad = _grad_of(logits)(logits, saved[start:end], y, g, ctx.temperature)
+            torch.mm(grad, weight, out=grad_hidden[start:end])
+            if ctx.needs_input_grad[1]:
+                grad_weight = grad.t() @ h if grad_weight is None else grad_weight.addmm_(grad.t(), h)
+        return grad_hidden, grad_weight, None, None, None, None, None
 
 
 def response_values(critic, batch: Batch) -> torch.Tensor:
