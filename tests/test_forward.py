@@ -263,21 +263,3 @@ def test_a_training_step_puts_a_prompts_samples_in_the_same_micro_batch(tiny_mod
         assert seen == [5, 3 * 6, 5, 3 * 6]  # each micro-batch: its one prompt, then its three responses
     else:
         assert seen == [3 * 11, 3 * 11]  # training.share_prompts=false: every sample's prompt
-
-
-def test_the_varlen_kernel_gets_a_flop_count_where_torch_gives_none(monkeypatch):
-    """A compiled layer's partitioner picks what to recompute by counted FLOPs: without a
-    count the attention forward looks free and runs again in the backward pass."""
-    from torch.utils import flop_counter
-
-    op = torch.ops.torch_attn._varlen_attn
-    monkeypatch.delitem(flop_counter.flop_registry, op, raising=False)
-    varlen._count_flops()
-    query, key = torch.empty(100, 14, 64), torch.empty(120, 2, 64)
-    cu = torch.tensor([0, 40, 100], dtype=torch.int32)
-    # 100 queries of 14 heads of 64 against up to 60 keys, causal: half of 4·100·14·64·60
-    assert flop_counter.flop_registry[op](query, key, key, cu, cu, 50, 60, True) == 100 * 14 * 64 * 60 * 2
-    own = object()
-    monkeypatch.setitem(flop_counter.flop_registry, op, own)
-    varlen._count_flops()  # torch's own count, where it has one, stays
-    assert flop_counter.flop_registry[op] is own

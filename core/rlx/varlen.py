@@ -51,24 +51,6 @@ def register() -> None:
 
     AttentionInterface.register(NAME, attention)
     AttentionMaskInterface.register(NAME, mask)
-    _count_flops()
-
-
-def _count_flops() -> None:
-    """Give the kernel a cost where torch gives it none (2.11 does not), for the partitioner
-    of a compiled layer: under ``training.compile_memory`` below 1 it picks what to recompute
-    in the backward pass by the FLOPs it counts, and an op it cannot count costs nothing, so
-    the attention forward ran twice in every layer of W1's update."""
-    from torch.utils.flop_counter import flop_registry, register_flop_formula
-
-    op = getattr(torch.ops.torch_attn, "_varlen_attn", None) if varlen_attn is not None else None
-    if op is None or op in flop_registry:
-        return
-
-    @register_flop_formula(op)
-    def flops(query, key, value, cu_q, cu_k, max_q, max_k, *args, out_shape=None, **kwargs) -> int:
-        tokens, heads, dim = query
-        return 4 * tokens * heads * dim * max_k // 2  # scores and weighted values, causal: half the keys
 
 
 def packed_kwargs(position_ids: torch.Tensor) -> dict:
