@@ -32,7 +32,7 @@ KINDS = [
     ("gemm", r"nvjet|gemm|cutlass|sm90_xmma|ampere_|cublas"),
     ("attention", r"flash|fmha|cudnn|attention"),
     ("optimizer", r"multi_tensor|adam|foreach"),
-    ("head softmax", r"logsumexp|exp_mul_sub|_stats|_logits_grad|gather_logsumexp|arange_div_eq_exp"),
+    ("head softmax", r"logsumexp|arange_div_eq_exp|^_block_stats$|^_combine$|^_grad$"),  # compiled, then Triton
     ("compiled elementwise", r"^triton_"),
     ("copy / cast", r"copy|cast|to_copy|direct_copy"),
     ("reduce", r"reduce"),

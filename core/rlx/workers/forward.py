@@ -278,7 +278,7 @@ class _HeadLogprob(torch.autograd.Function):
     only), ``size`` tokens at a time. Saves the hidden states and one normaliser per token;
     the backward pass recomputes each chunk's logits once, ∂logp/∂z = (onehot − softmax(z/T)) / T,
     and adds the chunks' weight gradients up in one buffer (as separate autograd nodes each
-    chunk's took a copy and an addition of the whole head: 4 % of W1's update). With ``keep``
+    chunk's took a copy and an addition of the whole head: 3 % of W1's update). With ``keep``
     it saves softmax(z/T) itself instead."""
 
     @staticmethod
