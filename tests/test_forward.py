@@ -263,3 +263,21 @@ def test_a_training_step_puts_a_prompts_samples_in_the_same_micro_batch(tiny_mod
         assert seen == [5, 3 * 6, 5, 3 * 6]  # each micro-batch: its one prompt, then its three responses
     else:
         assert seen == [3 * 11, 3 * 11]  # training.share_prompts=false: every sample's prompt
+
+
+def test_a_frozen_head_passes_its_gradient_on_and_gets_none(monkeypatch):
+    monkeypatch.setattr(forward, "_CHUNK_ELEMENTS", 97 * 4)  # chunks of 4 tokens
+    monkeypatch.setattr(forward, "_KEEP_ELEMENTS", 0)  # the logits recomputed in the backward pass
+    model, batch = model_and_batch(False)
+    model.lm_head.weight.requires_grad_(False)
+    weights = torch.randn(3, 5)
+    logp, _ = forward.response_logprobs(model, batch, 0.7)
+    (logp * weights).sum().backward()
+    got = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+    model.zero_grad()
+    want_logp, _ = reference(model, batch, 0.7)
+    (want_logp * weights).sum().backward()
+    assert model.lm_head.weight.grad is None
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            assert torch.allclose(got[name], p.grad, atol=1e-5), name
