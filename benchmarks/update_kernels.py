@@ -29,8 +29,8 @@ from single_gpu import timed  # noqa: E402
 
 # kernel name patterns, tried in order
 KINDS = [
+    ("attention", r"flash|fmha|cudnn|attention"),  # before gemm: flash kernels name cutlass types
     ("gemm", r"nvjet|gemm|cutlass|sm90_xmma|ampere_|cublas"),
-    ("attention", r"flash|fmha|cudnn|attention"),
     ("optimizer", r"multi_tensor|adam|foreach"),
     ("head softmax", r"logsumexp|arange_div_eq_exp|^_block_stats$|^_combine$|^_grad$"),  # compiled, then Triton
     ("compiled elementwise", r"^triton_"),
