@@ -281,3 +281,40 @@ def test_a_frozen_head_passes_its_gradient_on_and_gets_none(monkeypatch):
     for name, p in model.named_parameters():
         if p.requires_grad:
             assert torch.allclose(got[name], p.grad, atol=1e-5), name
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_the_forward_installs_no_output_capture_hooks(packed):
+    """The last hidden states come from a hook of the forward's own, removed after it, not
+    from ``output_hidden_states``: that installs transformers' capture hooks in every
+    attention module, and their ``ContextVar`` splits a compiled layer's graph in three."""
+    model, batch = model_and_batch(True)
+    logp, _ = forward.response_logprobs(model, batch, 1.0, packed=packed)
+    logp.sum().backward()
+    assert not [name for name, module in model.named_modules() if module._forward_hooks]
+    want, _ = reference(model, batch, 1.0)
+    assert torch.allclose(logp, want, atol=1e-5)
+
+
+def test_the_flash_kernels_flop_count_takes_grouped_key_heads(monkeypatch):
+    """Before torch 2.12 the count raised on fewer key heads than query heads, and a compiled
+    layer's partitioner, which counts FLOPs under training.compile_memory below 1, with it."""
+    from torch.utils import flop_counter
+
+    op = torch.ops.aten._flash_attention_forward
+
+    def strict(query, key, value, *args, **kwargs):  # torch 2.11's, in short
+        if key.shape[-2] != query.shape[-2]:
+            raise AssertionError("sdpa_flop_count: query/key/value shapes are incompatible")
+        return 4 * query.shape[0] * query.shape[1] * query.shape[2] * key.shape[0]
+
+    monkeypatch.setitem(flop_counter.flop_registry, op, strict)
+    varlen._count_grouped_heads()
+    query, key = torch.empty(100, 14, 64), torch.empty(120, 2, 64)
+    assert flop_counter.flop_registry[op](query, key, key, None, None, 100, 120) == 4 * 100 * 14 * 64 * 120
+    counted = flop_counter.flop_registry[op]
+    varlen._count_grouped_heads()  # wrapped once
+    assert flop_counter.flop_registry[op] is counted
+    monkeypatch.setitem(flop_counter.flop_registry, op, own := lambda *args, **kwargs: 7)
+    varlen._count_grouped_heads()  # a count that takes grouped heads stays
+    assert flop_counter.flop_registry[op] is own

@@ -5,7 +5,7 @@ transformers keeps attention within each sample either with flash-attn's variabl
 kernel or, under SDPA, with a dense block-diagonal mask over the whole row: quadratic in
 the row's length, so a micro-batch of 16 W1 samples packed would attend over 16 times the
 pairs it needs. This implementation runs PyTorch's own flash kernel for variable lengths
-(``torch.nn.attention.varlen``) on packed forwards and plain SDPA on every other call, and
+(``aten._flash_attention_forward``) on packed forwards and plain SDPA on every other call, and
 is what ``model.attn_implementation=auto`` picks on CUDA for text models when flash-attn is
 not installed.
 
@@ -19,25 +19,13 @@ keys, then its own), causal from the end of the run.
 
 from __future__ import annotations
 
-import inspect
-import math
-
 import torch
 
-try:
-    from torch.nn.attention.varlen import varlen_attn
-except ImportError:  # before torch 2.10
-    varlen_attn = None
-
 NAME = "rlx_varlen"
-# The kernel's keyword names, read here rather than inside a compiled layer: its signature
-# grew between torch releases (``window_size`` and ``scale`` in 2.11 after ``is_causal``;
-# ``enable_gqa`` later still, without which key heads are repeated).
-_PARAMS = frozenset(inspect.signature(varlen_attn).parameters) if varlen_attn is not None else frozenset()
 
 
 def available(device: torch.device | str) -> bool:
-    return varlen_attn is not None and torch.device(device).type == "cuda"
+    return torch.device(device).type == "cuda" and hasattr(torch.ops.aten, "_flash_attention_forward")
 
 
 def register() -> None:
@@ -51,6 +39,36 @@ def register() -> None:
 
     AttentionInterface.register(NAME, attention)
     AttentionMaskInterface.register(NAME, mask)
+    _count_grouped_heads()
+
+
+def _count_grouped_heads() -> None:
+    """Let torch's FLOP count of the flash kernel take grouped key heads, as torch 2.12 does.
+
+    A compiled layer's partitioner counts FLOPs to pick what to recompute in the backward
+    pass (under ``training.compile_memory`` below 1); before 2.12 the count raised when keys
+    had fewer heads than queries. Grouped heads do the work of as many heads as the query's.
+    """
+    from torch.utils.flop_counter import flop_registry
+
+    op = torch.ops.aten._flash_attention_forward
+    count = flop_registry.get(op)
+    if count is None or getattr(count, "takes_groups", False):
+        return
+    cu = torch.zeros(2, dtype=torch.int32, device="meta")
+    try:
+        count(torch.empty(3, 4, 8, device="meta"), *[torch.empty(3, 2, 8, device="meta")] * 2, cu, cu, 3, 3)
+        return  # this torch counts them
+    except AssertionError:
+        pass
+
+    def grouped(query, key, value, *args, **kwargs) -> int:
+        heads = query.shape[-2]
+        key, value = (torch.empty(*t.shape[:-2], heads, t.shape[-1], device="meta") for t in (key, value))
+        return count(query, key, value, *args, **kwargs)
+
+    grouped.takes_groups = True
+    flop_registry[op] = grouped
 
 
 def packed_kwargs(position_ids: torch.Tensor) -> dict:
@@ -93,22 +111,15 @@ def attention(module, query, key, value, attention_mask, dropout: float = 0.0, s
 
 def _varlen(q, k, v, cu_q, cu_k, longest_q: int, longest_k: int, scale: float | None):
     """q [T, H, D], k/v [T_k, H_kv, D] through torch's variable-length flash kernel, causal
-    (from the end of each key segment where it is longer than its queries')."""
-    groups = q.shape[1] // k.shape[1]
-    kwargs = {}
-    if "enable_gqa" in _PARAMS:
-        kwargs["enable_gqa"] = groups > 1
-    elif groups > 1:
-        k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
-    if "scale" in _PARAMS:
-        kwargs["scale"] = scale
-    elif scale is not None:
-        q = q * (scale * math.sqrt(q.shape[-1]))
-    if "window_size" in _PARAMS:
-        kwargs["window_size"] = (-1, 0)
-    else:
-        kwargs["is_causal"] = True
-    return varlen_attn(q, k, v, cu_q, cu_k, longest_q, longest_k, **kwargs)
+    (from the end of each key segment where it is longer than its queries').
+
+    The aten op itself rather than ``torch.nn.attention.varlen``: it takes grouped key heads
+    as they are (the wrapper repeated them before torch 2.12), and a compiled layer's
+    partitioner knows it as attention, to keep for the backward pass; the wrapper's custom
+    op looked free to recompute, and ran twice in every layer.
+    """
+    return torch.ops.aten._flash_attention_forward(q, k, v, cu_q, cu_k, longest_q, longest_k, 0.0, True, False,
+                                                   scale=scale)[0]
 
 
 def _by_sample(module, query, key, value, cu_q, cu_k, dropout, scaling, causal):

@@ -62,10 +62,10 @@ def response_logprobs(model, batch: Batch, temperature: float, *, with_entropy: 
         states = _shared_prompt_states(model, batch, *shared)
     else:
         response_len = batch.action_mask.shape[1]
-        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                    position_ids=model_positions(batch.position_ids), logits_to_keep=1, output_hidden_states=True,
-                    use_cache=False, **present(batch.extra))
-        states = out.hidden_states[-1][:, -(response_len + 1):-1]  # the states that predict each response token
+        last, _ = _final_states(model, input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                                position_ids=model_positions(batch.position_ids), use_cache=False,
+                                **present(batch.extra))
+        states = last[:, -(response_len + 1):-1]  # the states that predict each response token
     head = models.hf_module(model).get_output_embeddings()
     hidden, labels = states.flatten(0, 1).index_select(0, index), batch.responses.flatten()[index]
     logp, entropy = _head_logprobs(head, hidden, labels, temperature, with_entropy, entropy_grad)
@@ -118,18 +118,17 @@ def _shared_prompt_states(model, batch: Batch, first: torch.Tensor, inverse: tor
     alone over them. The same numbers as one forward over prompt and response, with the
     prompt's share of the layers' work divided by the samples per prompt."""
     p, response_len = batch.prompt_len, batch.action_mask.shape[1]
-    out = model(input_ids=batch.input_ids[first, :p], attention_mask=batch.attention_mask[first, :p],
-                position_ids=batch.position_ids[first, :p], logits_to_keep=1, output_hidden_states=True,
-                use_cache=True)
+    prompt_states, out = _final_states(model, input_ids=batch.input_ids[first, :p],
+                                       attention_mask=batch.attention_mask[first, :p],
+                                       position_ids=batch.position_ids[first, :p], use_cache=True)
     cache = out.past_key_values
     for layer in cache.layers:
         layer.keys, layer.values = layer.keys.index_select(0, inverse), layer.values.index_select(0, inverse)
-    rest = model(input_ids=batch.input_ids[:, p:], attention_mask=batch.attention_mask,
-                 position_ids=batch.position_ids[:, p:], past_key_values=cache, logits_to_keep=1,
-                 output_hidden_states=True, use_cache=False)
+    rest, _ = _final_states(model, input_ids=batch.input_ids[:, p:], attention_mask=batch.attention_mask,
+                            position_ids=batch.position_ids[:, p:], past_key_values=cache, use_cache=False)
     # the prompt's last state predicts the first response token; each response state the next
-    first_state = out.hidden_states[-1][:, -1:].index_select(0, inverse)
-    return torch.cat([first_state, rest.hidden_states[-1][:, :response_len - 1]], 1)
+    first_state = prompt_states[:, -1:].index_select(0, inverse)
+    return torch.cat([first_state, rest[:, :response_len - 1]], 1)
 
 
 def _shared_row_states(model, batch: Batch, first: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
@@ -168,16 +167,16 @@ def _shared_row_states(model, batch: Batch, first: torch.Tensor, inverse: torch.
     key_index = (run_starts - run_offsets).repeat_interleave(run_lengths, output_size=total) \
         + torch.arange(total, device=device)
     zero = lengths.new_zeros(1)
-    out = model(input_ids=ids[None], position_ids=positions[None], logits_to_keep=1, output_hidden_states=True,
-                use_cache=False, key_index=key_index, cu_seq_lens_q=torch.cat([zero, lengths.cumsum(0)]).int(),
-                cu_seq_lens_k=torch.cat([zero, (before + lengths).cumsum(0)]).int(),
-                max_length_q=int(lengths.max()), max_length_k=int((before + lengths).max()))
+    last, _ = _final_states(model, input_ids=ids[None], position_ids=positions[None], use_cache=False,
+                            key_index=key_index, cu_seq_lens_q=torch.cat([zero, lengths.cumsum(0)]).int(),
+                            cu_seq_lens_k=torch.cat([zero, (before + lengths).cumsum(0)]).int(),
+                            max_length_q=int(lengths.max()), max_length_k=int((before + lengths).max()))
     # each (row, column)'s place in the packed row; a sample's prompt columns are its carrier's
     place = torch.full((rows, width), -1, dtype=torch.long, device=device)
     place[order] = place[order].masked_scatter(keep, torch.arange(len(ids), device=device))
     place[:, :p] = place[first[inverse], :p]
     # a response token is predicted from the place before; padding columns point anywhere valid
-    return out.hidden_states[-1][0][place[:, p - 1:width - 1].clamp(min=0)]
+    return last[0][place[:, p - 1:width - 1].clamp(min=0)]
 
 
 def _packed_states(model, batch: Batch) -> torch.Tensor:
@@ -191,12 +190,32 @@ def _packed_states(model, batch: Batch) -> torch.Tensor:
     """
     valid = batch.attention_mask.bool()
     positions = batch.position_ids[valid][None]
-    out = model(input_ids=batch.input_ids[valid][None], position_ids=positions, logits_to_keep=1,
-                output_hidden_states=True, use_cache=False, **varlen.packed_kwargs(positions))
+    last, _ = _final_states(model, input_ids=batch.input_ids[valid][None], position_ids=positions, use_cache=False,
+                            **varlen.packed_kwargs(positions))
     # a token's place in the packed row; a response token is predicted from the place before
     place = valid.flatten().cumsum(0).view(valid.shape) - 1
     before = (place[:, batch.prompt_len:] - 1).clamp(min=0)  # padding columns point anywhere valid
-    return out.hidden_states[-1][0][before]
+    return last[0][before]
+
+
+def _final_states(model, **inputs) -> tuple[torch.Tensor, object]:
+    """The model's last hidden states (after its final norm) and its output, from one pass
+    through the outermost module (ZeRO-3 adds up gradients only there) with the head on one
+    position.
+
+    A hook on the decoder stack takes the states, not ``output_hidden_states``: that installs
+    transformers' capture hooks in every attention module, whose ``ContextVar`` Dynamo cannot
+    trace, so a compiled layer broke into three graphs around its attention.
+    """
+    module = models.hf_module(model)
+    captured = []
+    hook = getattr(module, module.base_model_prefix).register_forward_hook(
+        lambda m, args, out: captured.append(out[0]))
+    try:
+        out = model(**inputs, logits_to_keep=1)
+    finally:
+        hook.remove()
+    return captured[-1], out
 
 
 def _head_logprobs(head, hidden: torch.Tensor, labels: torch.Tensor, temperature: float, with_entropy: bool,
