@@ -117,6 +117,15 @@ def test_auto_picks_rlx_varlen_for_text_models_on_cuda(monkeypatch):
     assert models.attn_implementation("auto", "cuda", vlm=True) == "sdpa"
 
 
+def test_rlx_varlen_needs_a_card_the_flash_kernel_runs_on(monkeypatch):
+    assert not varlen.available("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))  # a T4
+    assert not varlen.available("cuda")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert varlen.available("cuda")
+
+
 def test_rlx_sdpa_matches_sdpa_on_a_padded_grouped_query_batch(monkeypatch):
     from transformers.integrations import sdpa_attention
 

@@ -25,7 +25,11 @@ NAME = "rlx_varlen"
 
 
 def available(device: torch.device | str) -> bool:
-    return torch.device(device).type == "cuda" and hasattr(torch.ops.aten, "_flash_attention_forward")
+    """Whether torch's flash kernel runs on ``device``: CUDA of compute capability 8.0 or
+    newer (older cards raise at the first packed forward)."""
+    device = torch.device(device)
+    return device.type == "cuda" and torch.cuda.is_available() and hasattr(torch.ops.aten, "_flash_attention_forward") \
+        and torch.cuda.get_device_capability(device) >= (8, 0)
 
 
 def register() -> None:
