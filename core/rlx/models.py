@@ -53,9 +53,10 @@ def resolve_dtype(name: str, device: torch.device | str) -> torch.dtype:
 
 def attn_implementation(name: str, device: torch.device | str | None = None, vlm: bool = False) -> str:
     """``auto`` takes flash-attn when it is installed and the device (by default the
-    GPU when there is one) is CUDA; else, for a text model on CUDA, ``rlx.varlen`` (SDPA,
-    torch's own variable-length kernel for packed rows and rows of shared prompts); else, on the CPU, SDPA with grouped-query heads read in place (``rlx.sdpa``);
-    else SDPA."""
+    GPU when there is one) is CUDA; else, for a text model on CUDA that torch's flash kernel
+    runs on, ``rlx.varlen`` (SDPA, torch's own variable-length kernel for packed rows and
+    rows of shared prompts); else, on the CPU, SDPA with grouped-query heads read in place
+    (``rlx.sdpa``); else SDPA."""
     has_flash = importlib.util.find_spec("flash_attn") is not None
     if name == "auto":
         device = torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
