@@ -261,13 +261,21 @@ def token_values(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | 
     calling the base model and the head one after the other: DeepSpeed ZeRO-3 only
     accumulates gradients correctly over passes through the outermost module.
     """
+    _, scores = run_capturing(model, hf_module(model).score, input_ids=input_ids, attention_mask=attention_mask,
+                              position_ids=position_ids, use_cache=False)
+    return scores.squeeze(-1).float()
+
+
+def run_capturing(model, module, **inputs):
+    """``model(**inputs)`` and what ``module``, one of its submodules, returned in that pass
+    (a forward hook, removed after it): the pass goes through the outermost module all the same."""
     captured = []
-    hook = hf_module(model).score.register_forward_hook(lambda module, args, out: captured.append(out))
+    hook = module.register_forward_hook(lambda m, args, out: captured.append(out))
     try:
-        model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+        out = model(**inputs)
     finally:
         hook.remove()
-    return captured[-1].squeeze(-1).float()
+    return out, captured[-1]
 
 
 def last_token_values(values: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

@@ -208,14 +208,8 @@ def _final_states(model, **inputs) -> tuple[torch.Tensor, object]:
     trace, so a compiled layer broke into three graphs around its attention.
     """
     module = models.hf_module(model)
-    captured = []
-    hook = getattr(module, module.base_model_prefix).register_forward_hook(
-        lambda m, args, out: captured.append(out[0]))
-    try:
-        out = model(**inputs, logits_to_keep=1)
-    finally:
-        hook.remove()
-    return captured[-1], out
+    out, base = models.run_capturing(model, getattr(module, module.base_model_prefix), **inputs, logits_to_keep=1)
+    return base[0], out
 
 
 def _head_logprobs(head, hidden: torch.Tensor, labels: torch.Tensor, temperature: float, with_entropy: bool,
