@@ -15,11 +15,12 @@ from one step's end to the next.
 
     python benchmarks/single_gpu.py [--parts rollout,grpo,grpo_awake,grpo_sleep,grpo_lean,grpo_mb32,grpo_mb32_lean,
                                              grpo_overlap,grpo_overlap_lean,trl]
-                                    [--steps 4] [--out DIR] [--profile]
+                                    [--steps 4] [--out DIR] [--profile | --timeline]
 
 Prints a table and writes ``single_gpu.json`` to ``--out``; with ``--profile`` each rlx run
 is profiled on the host after its first step (``step_profile.py``), into
-``<arm>_profile.txt`` there.
+``<arm>_profile.txt`` there; with ``--timeline`` its third step's GPU idle time is traced
+(``step_timeline.py``) into ``<arm>_timeline.txt``.
 """
 
 from __future__ import annotations
@@ -146,12 +147,12 @@ def rollout_part(model_dir: str, data: Path, results: dict) -> None:
     torch.cuda.empty_cache()
 
 
-def rlx_grpo(args: list[str], out: Path, steps: int, profile: Path | None = None) -> dict:
+def rlx_grpo(args: list[str], out: Path, steps: int, profile: Path | None = None, plugin: str = "step_profile") -> dict:
     cmd = [sys.executable, "-m", "rlx_cli", "train", "--algo", "grpo", *args, "--set", "rollout.max_batch_size=512",
            "--max-steps", str(steps), "--output", str(out)]
     env = os.environ
     if profile is not None:
-        cmd += ["--plugin", "step_profile:plugin"]
+        cmd += ["--plugin", f"{plugin}:plugin"]
         env = {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH")]))}
     with GpuMemory() as memory:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -208,6 +209,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--timeline", action="store_true")
     args = parser.parse_args()
     parts = args.parts.split(",")
     results: dict = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__}
@@ -217,6 +219,11 @@ def main() -> None:
         workload = w1_files(tmp)
         model_dir, data = workload[1], Path(workload[3])
         args.out.mkdir(parents=True, exist_ok=True)
+
+        def traced(arm: str) -> tuple:  # where an arm's profile goes, and which plugin makes it
+            if args.timeline:
+                return args.out / f"{arm}_timeline.txt", "step_timeline"
+            return (args.out / f"{arm}_profile.txt" if args.profile else None,)
 
         def save() -> None:  # after each part, so that a call cut short keeps what it measured
             (args.out / "single_gpu.json").write_text(json.dumps(results, indent=1))
@@ -228,14 +235,12 @@ def main() -> None:
             rollout_part(model_dir, data, results)
             save()
         if "grpo" in parts:
-            results["rlx_grpo"] = rlx_grpo(workload, tmp / "rlx-run", args.steps,
-                                           args.out / "grpo_profile.txt" if args.profile else None)
+            results["rlx_grpo"] = rlx_grpo(workload, tmp / "rlx-run", args.steps, *traced("grpo"))
             save()
         for name, settings in ARMS.items():
             if name in parts:
                 sets = [a for s in settings for a in ("--set", s)]
-                results[f"rlx_{name}"] = rlx_grpo([*workload, *sets], tmp / name, args.steps,
-                                                 args.out / f"{name}_profile.txt" if args.profile else None)
+                results[f"rlx_{name}"] = rlx_grpo([*workload, *sets], tmp / name, args.steps, *traced(name))
                 save()
     print(json.dumps(results, indent=1))
     if "rollout" in results:
