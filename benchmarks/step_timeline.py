@@ -51,8 +51,9 @@ def _rlx_line(event) -> str:
     return event.name
 
 
-def report(prof, wall_start_us: float) -> str:
+def report(prof) -> str:
     events = prof.events()
+    wall_start_us = min(e.time_range.start for e in events)
     cpu = torch.autograd.DeviceType.CPU
     # the parts' marks show on the GPU's timeline too, as spans over all their kernels
     kernels = sorted((e.time_range.start, e.time_range.end) for e in events
@@ -100,6 +101,7 @@ def report(prof, wall_start_us: float) -> str:
     for s, e in gaps:
         mid = (s + e) / 2
         i = bisect.bisect_right(starts, mid)
+        # the ops that began last before the gap's middle: the innermost covering one is among them
         covering = [op for op in ops[max(0, i - 200):i] if op.time_range.end >= mid]
         covering.sort(key=lambda op: op.time_range.end - op.time_range.start)
         where = next((line for line in map(_rlx_line, covering) if "/" in line), None) if covering else None
@@ -138,9 +140,7 @@ class StepTimeline:
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
             self.prof.__exit__(None, None, None)
-            events = self.prof.events()
-            start = min(e.time_range.start for e in events)
-            text = report(self.prof, start)
+            text = report(self.prof)
             print(text, flush=True)
             if os.environ.get("RLX_TIMELINE_OUT"):
                 with open(os.environ["RLX_TIMELINE_OUT"], "w") as f:
