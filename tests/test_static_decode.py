@@ -266,6 +266,22 @@ def test_prompts_join_as_rows_finish(tokenizer, greedy, keys_transposed):  # noq
         assert [c.token_ids for c in fast.generate(prompts, params)] == [c.token_ids for c in got]
 
 
+def test_finished_rows_waiting_in_the_batch_stay_inside_the_cache(tokenizer):  # noqa: F811
+    """Prompts of one length joining as rows finish: a row that reached the token limit
+    waits in the batch while rows admitted after it decode on, so it steps past the last
+    position the cache holds; it must write on at that position, not past it."""
+    prompts = [tokenizer("abcd", add_special_tokens=False).input_ids] * 12
+    model = eos_model(tokenizer, prompts)
+    params = SamplingParams(n=2, max_new_tokens=24, seed=0)
+    got = NativeEngine(model, tokenizer, max_batch_size=4).generate(prompts, params)
+    assert any(c.finish_reason == "length" for c in got) and any(c.finish_reason != "length" for c in got)
+    for c in got:
+        ids = torch.tensor([prompts[c.prompt_index] + c.token_ids])
+        with torch.no_grad():
+            logp = (model(ids).logits[0] / params.temperature).log_softmax(-1)
+        assert c.logprobs == pytest.approx([logp[3 + i, t].item() for i, t in enumerate(c.token_ids)], abs=1e-5)
+
+
 def test_a_stacked_gate_and_up_projection_gives_the_mlps_output(monkeypatch):
     """The decode step's MLP with one matmul for the gate and up projections (the CUDA graph's
     path, run here eagerly) against the model's own; LoRA-wrapped or too large, none is stacked."""

@@ -169,8 +169,9 @@ class StaticDecoder:
         self.out_tokens[:b].index_copy_(1, self.step, token[:, None])
         self.out_logprobs[:b].index_copy_(1, self.step, logprob[:, None])
         self.token[:b].copy_(token)
-        self.position[:b].add_(1)
-        # a row that has ended but not yet left the batch writes on in its last column
+        # a row that has ended but not yet left the batch writes on in its last column, at
+        # the last position the cache has (the CPU's rotary table holds no more)
+        self.position[:b].add_(1).clamp_(max=self.length - 1)
         self.column[:b].add_(1).clamp_(max=self.length - 1)
         self.step.add_(1).remainder_(self.ring)
 
