@@ -190,16 +190,27 @@ def test_sleep_frees_the_cache_and_the_next_rollout_is_the_same(tokenizer, promp
     assert [lp for c in again for lp in c.logprobs] == pytest.approx([lp for c in first for lp in c.logprobs])
 
 
-def test_the_samples_of_a_prompt_read_the_first_remaining_slots_copy():
-    """The attention kernel reads a slot's prompt columns from ``source``: the first slot
-    still decoding a sample of the same prompt (row r is a sample of prompt r // n)."""
+def test_the_first_remaining_slot_of_a_prompt_leads_its_samples():
+    """The attention kernel reads a prompt's columns once for the slots its first
+    remaining slot lists (row r is a sample of prompt r // n), a tile's worth at a time;
+    a batch bucket's spare slots read their own."""
+    from rlx.engines.static_decode import prompt_members
+    assert prompt_members(np.arange(6), 2, 2, 8).tolist() == [
+        [0, 1], [-1, -1], [2, 3], [-1, -1], [4, 5], [-1, -1], [6, -1], [7, -1]]
+    # rows 0, 4 and 7 done, the rest moved to the front
+    assert prompt_members(np.array([1, 2, 3, 5, 6]), 2, 2, 6).tolist() == [
+        [0, -1], [1, 2], [-1, -1], [3, -1], [4, -1], [5, -1]]
+    # more samples than a tile takes: a second leader
+    assert prompt_members(np.arange(8), 4, 3, 8).tolist() == [
+        [0, 1, 2], [-1] * 3, [-1] * 3, [3, -1, -1], [4, 5, 6], [-1] * 3, [-1] * 3, [7, -1, -1]]
     fast = NativeEngine(make_model(), None).static
     fast.triton_attention = True  # what a GPU with Triton sets; only the bookkeeping runs here
     fast._allocate(8, 16, torch.float32)
     fast._share_prompts(np.arange(8), 2)
-    assert fast.source.tolist() == [0, 0, 2, 2, 4, 4, 6, 6]
-    fast._share_prompts(np.array([1, 2, 3, 5, 6]), 2)  # rows 0, 4 and 7 done, the rest moved to the front
-    assert fast.source[:5].tolist() == [0, 1, 1, 3, 4]
+    assert fast.members.tolist() == prompt_members(np.arange(8), 2, 2, 8).tolist()
+    fast._graphs[0] = "a graph reading the groups"
+    fast._share_prompts(np.arange(8), 1)  # one sample a prompt: each slot reads its own
+    assert fast.members is None and not fast._graphs
 
 
 @pytest.mark.parametrize("config", [

@@ -112,7 +112,7 @@ class StaticDecoder:
         self.position = torch.zeros(self.rows, dtype=torch.long, **on)
         self.column = torch.zeros(self.rows, dtype=torch.long, **on)  # the cache column each slot writes next
         self.width = torch.zeros(self.rows, dtype=torch.long, **on)  # each slot's prompt columns
-        self.source = torch.zeros(self.rows, dtype=torch.long, **on)  # the slot whose prompt columns a slot reads
+        self.members = None  # the samples whose prompt columns a slot reads (``prompt_members``)
         # the sampled tokens and log-probs of the last steps, a ring the host reads every check_every steps
         self.ring = 2 * self.check_every
         self.step = torch.zeros(1, dtype=torch.long, **on)  # the ring's column this step writes
@@ -154,7 +154,7 @@ class StaticDecoder:
         self._graphs.clear()
         self._pool = None
         self._projections = self._gate_ups = None
-        for name in ("keys", "values", "valid", "columns", "slots", "token", "position", "column", "width", "source",
+        for name in ("keys", "values", "valid", "columns", "slots", "token", "position", "column", "width", "members",
                      "step", "out_tokens", "out_logprobs", "_host_tokens", "_host_logprobs", "_cos", "_sin"):
             self.__dict__.pop(name, None)
 
@@ -240,7 +240,7 @@ class StaticDecoder:
         q = q.reshape(b, self.kv_heads, self.groups, self.head_dim)
         if self.triton_attention:  # the kernel writes the key and value too
             out = decode_attention.decode_attention(q, k, v, self.keys[i], self.values[i], self.valid, self.column,
-                                                    span, self.scale, self.source, self.width)
+                                                    span, self.scale, self.width, self.members)
             return out.reshape(b, 1, -1)
         self.values[i][self.slots[:b], :, self.column[:b]] = v[:, :, 0]
         values = self.values[i][:b, :, :span]
@@ -448,14 +448,19 @@ class StaticDecoder:
         return min(most, 1 << max(alive - 1, 0).bit_length())
 
     def _share_prompts(self, slots: np.ndarray, n: int) -> None:
-        """Point each slot's prompt columns at the first slot decoding a sample of the same
-        prompt (row r is a sample of prompt r // n). Every slot holds its own copy too, so
-        this only chooses which copy the attention kernel reads."""
-        if not self.triton_attention:  # SDPA reads each slot's own
+        """Group the slots decoding samples of one prompt (row r is a sample of prompt
+        r // n) for the attention kernel, which then reads a prompt's columns once for all
+        of them. With one sample a prompt, or without the kernel, each slot reads its own."""
+        per_tile = min(n, decode_attention.samples_per_tile(self.groups))
+        if not self.triton_attention or per_tile == 1:
+            if self.members is not None:
+                self.members = None
+                self._graphs.clear()  # they read the groups
             return
-        first: dict[int, int] = {}
-        source = [first.setdefault(row // n, s) for s, row in enumerate(slots.tolist())]
-        self.source[:len(source)] = torch.tensor(source)
+        if self.members is None or self.members.shape[1] != per_tile:
+            self.members = torch.empty(self.rows, per_tile, dtype=torch.long, device=self.device)
+            self._graphs.clear()
+        self.members.copy_(torch.from_numpy(prompt_members(slots, n, per_tile, self.rows)))
 
     def _compact(self, alive: np.ndarray, b: int) -> None:
         """Move the slots still decoding to the front, in order (their outputs so far have
@@ -467,6 +472,25 @@ class StaticDecoder:
                 t[:n] = t[:b].index_select(0, index)
         for t in (self.valid, self.token, self.position, self.column, self.width):
             t[:n] = t[:b].index_select(0, index)
+
+
+def prompt_members(slots: np.ndarray, n: int, per_tile: int, rows: int) -> np.ndarray:
+    """[rows, per_tile] the slots each slot reads the prompt columns for (-1 for none): the
+    first slot of a prompt's samples (slot s decodes row ``slots[s]``, a sample of prompt
+    ``slots[s] // n``) leads them, ``per_tile`` at most, the next ones the next leader. A
+    batch bucket's spare slots lead themselves, so every slot the kernel attends for has
+    its prompt read."""
+    members = np.full((rows, per_tile), -1, np.int64)
+    spare = np.arange(len(slots), rows)
+    members[spare, 0] = spare
+    samples: dict[int, list[int]] = {}
+    for s, row in enumerate(slots.tolist()):
+        samples.setdefault(row // n, []).append(s)
+    for group in samples.values():
+        for i in range(0, len(group), per_tile):
+            tile = group[i:i + per_tile]
+            members[tile[0], :len(tile)] = tile
+    return members
 
 
 def _draw_rows(slots: list[int], rows: int) -> tuple[torch.Tensor, int] | None:
