@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
+import numpy as np
 import torch
 from transformers import DynamicCache, PreTrainedTokenizerFast
 
@@ -202,11 +203,13 @@ class NativeEngine(RolloutEngine):
         the attention mask and the positions (on one axis: a VLM's response goes on from the
         largest of its prompt's)."""
         width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long, device=self.device)
-        attention = torch.zeros_like(ids)
+        # filled on the host and copied once, not two copies and kernels a prompt
+        ids = np.full((len(prompts), width), self.pad_id, dtype=np.int64)
+        attention = np.zeros_like(ids)
         for row, prompt in enumerate(prompts):
-            ids[row, width - len(prompt) :] = torch.tensor(prompt, device=self.device)
+            ids[row, width - len(prompt) :] = prompt
             attention[row, width - len(prompt) :] = 1
+        ids, attention = (torch.from_numpy(a).to(self.device) for a in (ids, attention))
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
         extra = {}
         if inputs is not None:
