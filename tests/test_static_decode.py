@@ -293,6 +293,24 @@ def test_finished_rows_waiting_in_the_batch_stay_inside_the_cache(tokenizer):  #
         assert c.logprobs == pytest.approx([logp[3 + i, t].item() for i, t in enumerate(c.token_ids)], abs=1e-5)
 
 
+@pytest.mark.parametrize("config", [transformers.Qwen2Config(), transformers.Qwen3Config()], ids=["qwen2", "qwen3"])
+def test_the_graphed_steps_layers_run_eagerly_decode_as_the_plain_loop(tokenizer, prompts, config):  # noqa: F811
+    """The decode step a CUDA graph captures (compiled pieces, each layer's MLP output added
+    in the next layer's first piece), run here uncaptured with SDPA for the Triton kernel."""
+    for key, value in dict(vocab_size=64, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                           num_key_value_heads=1, intermediate_size=128, head_dim=32, eos_token_id=EOS,
+                           pad_token_id=0).items():
+        setattr(config, key, value)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    fast, plain = engines(model, tokenizer, keys_transposed=False)
+    fast.static._layers_eager = fast.static._layers_graphed
+    params = SamplingParams(n=2, max_new_tokens=12, greedy=True)
+    got, want = fast.generate(prompts, params), plain.generate(prompts, params)
+    assert [c.token_ids for c in got] == [c.token_ids for c in want]
+    assert [lp for c in got for lp in c.logprobs] == pytest.approx([lp for c in want for lp in c.logprobs], abs=1e-5)
+
+
 def test_a_stacked_gate_and_up_projection_gives_the_mlps_output(monkeypatch):
     """The decode step's MLP with one matmul for the gate and up projections (the CUDA graph's
     path, run here eagerly) against the model's own; LoRA-wrapped or too large, none is stacked."""
@@ -305,8 +323,8 @@ def test_a_stacked_gate_and_up_projection_gives_the_mlps_output(monkeypatch):
     with torch.no_grad():
         for layer, gate_up in zip(layers, stacked):
             torch.cat([layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight], out=gate_up)
-            torch.testing.assert_close(static_decode._mlp(layer, x, attended, gate_up),
-                                       static_decode._mlp(layer, x, attended), rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(sum(static_decode._mlp(layer, x, attended, gate_up)),
+                                       sum(static_decode._mlp(layer, x, attended)), rtol=1e-5, atol=1e-5)
     monkeypatch.setattr(static_decode, "GATE_UP_BYTES", sum(2 * layer.mlp.gate_proj.weight.nbytes for layer in layers) - 1)
     assert static_decode._stacked_gate_ups(layers) == [None] * len(layers)
     peft = pytest.importorskip("peft")

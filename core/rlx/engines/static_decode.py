@@ -185,10 +185,13 @@ class StaticDecoder:
         mask = None  # the Triton kernel reads the valid columns itself
         if not self.triton_attention:
             mask = (self.valid[:b, :span] & (self.columns[:span] <= self.column[:b, None]))[:, None, None, :]
+        # each layer's MLP output joins the residual stream in the next layer's first kernel,
+        # with its norm: one kernel fewer a layer
+        mlp = None
         for i, (layer, stacked, gate_up) in enumerate(zip(self.layers, self._projections, self._gate_ups)):
-            q, k, v = self._qkv(layer, x, cos, sin, self.rope, stacked)
-            x = self._mlp(layer, x, self._attention(i, q, k, v, mask, b, span), gate_up)
-        return self.decoder.norm(x[:, 0])
+            x, q, k, v = self._qkv(layer, x, mlp, cos, sin, self.rope, stacked)
+            x, mlp = self._mlp(layer, x, self._attention(i, q, k, v, mask, b, span), gate_up)
+        return self.decoder.norm((x + mlp)[:, 0])
 
     def _layers_eager(self, b: int, span: int) -> torch.Tensor:
         """``_layers_graphed`` on the CPU, where every op is a dispatch of its own: the rotary
@@ -517,9 +520,12 @@ def _bias(linear) -> torch.Tensor:
     return linear.bias if linear.bias is not None else linear.weight.new_zeros(linear.out_features)
 
 
-def _qkv(layer, x, cos, sin, rope, stacked=None):
-    """The layer's normed input projected to this step's query, key and value heads [b, heads, 1, d]."""
+def _qkv(layer, x, mlp, cos, sin, rope, stacked=None):
+    """The layer's input (``x``, plus the last layer's ``mlp`` output unless None) and its
+    normed projection to this step's query, key and value heads [b, heads, 1, d]."""
     attn = layer.self_attn
+    if mlp is not None:
+        x = x + mlp
     h = layer.input_layernorm(x)
     shape = (x.shape[0], 1, -1, attn.head_dim)
     if stacked is None:
@@ -531,7 +537,7 @@ def _qkv(layer, x, cos, sin, rope, stacked=None):
     if hasattr(attn, "q_norm"):  # Qwen3 normalises each head's query and key
         q, k = attn.q_norm(q), attn.k_norm(k)
     q, k = rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
-    return q, k, v.view(shape).transpose(1, 2)
+    return x, q, k, v.view(shape).transpose(1, 2)
 
 
 def _qk_v(layer, x, stacked, kv_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -575,14 +581,15 @@ def _stacked_gate_ups(layers) -> list[torch.Tensor | None]:
 
 
 def _mlp(layer, x, attended, gate_up=None):
-    """The rest of the layer after attention: output projection, residuals and MLP (its gate
-    and up projections one matmul with ``gate_up``)."""
+    """The rest of the layer after attention: the output projection and its residual, and
+    the MLP's output (its gate and up projections one matmul with ``gate_up``), which the
+    caller adds to the residual stream."""
     x = x + layer.self_attn.o_proj(attended)
     h = layer.post_attention_layernorm(x)
     if gate_up is None:
-        return x + layer.mlp(h)
+        return x, layer.mlp(h)
     gate, up = F.linear(h, gate_up).chunk(2, -1)
-    return x + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
+    return x, layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
 
 
 def sample(logits: torch.Tensor, params, generator: torch.Generator | None, banned: torch.Tensor | None = None,
