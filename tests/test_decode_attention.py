@@ -30,6 +30,9 @@ for live, b, rows, kv, groups, d, length, span, block, width, behind, n, per_til
         (5, 8, 8, 2, 7, 32, 200, 200, 32, 90, 6, 3, 3)]:
     q = torch.randn(b, kv, groups, d)
     k, v = torch.randn(b, 1, kv, d).transpose(1, 2), torch.randn(b, 1, kv, d).transpose(1, 2)  # as the decoder's
+    # each row's rotary embedding at its own position
+    angles = torch.randint(0, 500, (b, 1)) * 10000.0 ** (-torch.arange(0, d, 2) / d)
+    cos, sin = torch.cat([angles, angles], 1).cos(), torch.cat([angles, angles], 1).sin()
     keys, values = torch.randn(rows, kv, length, d), torch.randn(rows, kv, length, d)
     members = None
     leader = torch.arange(rows)
@@ -47,8 +50,10 @@ for live, b, rows, kv, groups, d, length, span, block, width, behind, n, per_til
     # each row's own column: the span's last or up to behind - 1 before it (rows that joined later)
     column = span - 1 - torch.randint(0, behind, (rows,))
     valid = (torch.arange(length)[None] >= pad[:, None]) | (torch.arange(length)[None] >= width)
-    out = decode_attention(q, k, v, keys, values, valid, column, span, d ** -0.5, torch.full((rows,), width),
-                           members, block=block, prompt_block=block)
+    out = decode_attention(q, k, v, cos, sin, keys, values, valid, column, span, d ** -0.5,
+                           torch.full((rows,), width), members, block=block, prompt_block=block)
+    q, k = (x * cos[:, None, None] + torch.cat([-x[..., d // 2:], x[..., :d // 2]], -1) * sin[:, None, None]
+            for x in (q, k))
     want_keys, want_values = before[0].clone(), before[1].clone()
     want_keys[torch.arange(b), :, column[:b]], want_values[torch.arange(b), :, column[:b]] = k[:, :, 0], v[:, :, 0]
     written.append(torch.equal(keys, want_keys) and torch.equal(values, want_values))
@@ -87,9 +92,10 @@ def test_the_decode_kernel_compiles_for_an_h200(prompt_done):
     (sm_90) for W1's shape, which catches what only the compiler rejects."""
     from rlx.engines.decode_attention import _decode
 
-    pointers = {**{name: "*bf16" for name in ("Q", "Knew", "Vnew", "K", "V")}, "Valid": "*i1", "Column": "*i64",
+    pointers = {**{name: "*bf16" for name in ("Q", "Knew", "Vnew", "Cos", "Sin", "K", "V")}, "Valid": "*i1",
+                "Column": "*i64",
                 "Width": "*i64", **{name: "*fp32" for name in ("Most", "Total", "Acc")}, "Out": "*bf16"}
-    strides = "sqb sqh sqg snkb snkh snvb snvh skb skh skn svb svh svn smb ssb ssh sab sah sag sob soh sog"
+    strides = "sqb sqh sqg scb ssnb snkb snkh snvb snvh skb skh skn svb svh svn smb ssb ssh sab sah sag sob soh sog"
     assert compiles_for_sm90(_decode, pointers, ("scale", "span"), strides,
                              {"GROUPS": 7, "GROUPS_PAD": 16, "D": 64, "BLOCK": 32, "PROMPT_DONE": prompt_done}, 2)
 
@@ -97,8 +103,9 @@ def test_the_decode_kernel_compiles_for_an_h200(prompt_done):
 def test_the_prompt_kernel_compiles_for_an_h200():
     from rlx.engines.decode_attention import _prompt
 
-    pointers = {**{name: "*bf16" for name in ("Q", "K", "V")}, "Valid": "*i1", "Width": "*i64", "Members": "*i64",
+    pointers = {**{name: "*bf16" for name in ("Q", "Cos", "Sin", "K", "V")}, "Valid": "*i1", "Width": "*i64",
+                "Members": "*i64",
                 **{name: "*fp32" for name in ("Most", "Total", "Acc")}}
-    strides = "sqb sqh sqg skb skh skn svb svh svn smb seb ssb ssh sab sah sag"
+    strides = "sqb sqh sqg scb ssnb skb skh skn svb svh svn smb seb ssb ssh sab sah sag"
     assert compiles_for_sm90(_prompt, pointers, ("scale",), strides,
                              {"GROUPS": 7, "MEMBERS": 8, "TILE": 64, "D": 64, "BLOCK": 64}, 4)

@@ -37,13 +37,15 @@ def samples_per_tile(groups: int) -> int:
     return max(1, MAX_TILE // groups)
 
 
-def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                     valid: torch.Tensor, column: torch.Tensor, span: int, scale: float, width: torch.Tensor,
-                     members: torch.Tensor | None = None, *, block: int = 32, warps: int = 2, stages: int = 3,
-                     prompt_block: int = 64, prompt_warps: int = 4) -> torch.Tensor:
-    """Write this step's key and value ``k``/``v`` into each row's cache column ``column[r]``
-    and return softmax(q·Kᵀ·scale)·V over the row's cache columns ``[:span]`` that are
-    ``valid`` and not past its column.
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                     keys: torch.Tensor, values: torch.Tensor, valid: torch.Tensor, column: torch.Tensor, span: int,
+                     scale: float, width: torch.Tensor, members: torch.Tensor | None = None, *, block: int = 32,
+                     warps: int = 2, stages: int = 3, prompt_block: int = 64, prompt_warps: int = 4) -> torch.Tensor:
+    """Turn this step's query and key heads ``q``/``k`` by the rotary embedding (``cos``,
+    ``sin`` [b, d], each row's, as x·cos + rotate_half(x)·sin), write the key and the value
+    ``v`` into each row's cache column ``column[r]`` and return softmax(q·Kᵀ·scale)·V over
+    the row's cache columns ``[:span]`` that are ``valid`` and not past its column. The
+    turn happens as the heads are loaded: no kernel of its own (two a layer, compiled).
 
     With ``members`` [rows, m], the samples of a prompt read its columns once: row r's
     first ``width[r]`` columns are its prompt, and a row that leads its prompt's samples
@@ -74,8 +76,8 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: to
         acc = torch.empty(b, kv_heads, pad, d, device=q.device, dtype=torch.float32)
         per_tile = members.shape[1]
         _prompt[(b, kv_heads)](
-            q, keys, values, valid, width, members, most, total, acc, scale,
-            q.stride(0), q.stride(1), q.stride(2), keys.stride(0), keys.stride(1), keys.stride(2),
+            q, cos, sin, keys, values, valid, width, members, most, total, acc, scale,
+            q.stride(0), q.stride(1), q.stride(2), cos.stride(0), sin.stride(0), keys.stride(0), keys.stride(1), keys.stride(2),
             values.stride(0), values.stride(1), values.stride(2), valid.stride(0), members.stride(0),
             most.stride(0), most.stride(1), acc.stride(0), acc.stride(1), acc.stride(2),
             GROUPS=groups, MEMBERS=per_tile, TILE=max(16, triton.next_power_of_2(per_tile * groups)), D=d,
@@ -83,8 +85,8 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: to
     else:  # unused pointers
         most = total = acc = out
     _decode[(b, kv_heads)](
-        q, k, v, keys, values, valid, column, width, most, total, acc, out, scale, span,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        q, k, v, cos, sin, keys, values, valid, column, width, most, total, acc, out, scale, span,
+        q.stride(0), q.stride(1), q.stride(2), cos.stride(0), sin.stride(0), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         keys.stride(0), keys.stride(1), keys.stride(2), values.stride(0), values.stride(1), values.stride(2),
         valid.stride(0), most.stride(0), most.stride(1), acc.stride(0), acc.stride(1), acc.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
@@ -108,8 +110,18 @@ if triton is not None:
         return m_new, total * alpha + tl.sum(p, 1), acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
 
     @triton.jit
-    def _prompt(Q, K, V, Valid, Width, Members, Most, Total, Acc, scale,
-                sqb, sqh, sqg, skb, skh, skn, svb, svh, svn, smb, seb, ssb, ssh, sab, sah, sag,
+    def _turned(X, offsets, d, cos, sin, D: tl.constexpr, mask):
+        """The heads at ``X + offsets + d`` turned by the rotary embedding: x·cos +
+        rotate_half(x)·sin, where rotate_half(x) is (-x[D/2:], x[:D/2]); in X's dtype."""
+        partner = (d + D // 2) % D
+        x = tl.load(X + offsets + d, mask=mask, other=0.0).to(tl.float32)
+        other = tl.load(X + offsets + partner, mask=mask, other=0.0).to(tl.float32)
+        other = tl.where(d < D // 2, -other, other)
+        return (x * cos + other * sin).to(X.dtype.element_ty)
+
+    @triton.jit
+    def _prompt(Q, Cos, Sin, K, V, Valid, Width, Members, Most, Total, Acc, scale,
+                sqb, sqh, sqg, scb, ssnb, skb, skh, skn, svb, svh, svn, smb, seb, ssb, ssh, sab, sah, sag,
                 GROUPS: tl.constexpr, MEMBERS: tl.constexpr, TILE: tl.constexpr, D: tl.constexpr,
                 BLOCK: tl.constexpr):
         row, head = tl.program_id(0), tl.program_id(1)
@@ -122,8 +134,9 @@ if triton is not None:
         slot = tl.load(Members + row * seb + member, mask=member < MEMBERS, other=-1)
         real = slot >= 0
         slot = tl.where(real, slot, 0)
-        q = tl.load(Q + slot[:, None] * sqb + head * sqh + g[:, None] * sqg + d[None, :], mask=real[:, None],
-                    other=0.0)
+        cos = tl.load(Cos + slot[:, None] * scb + d[None, :]).to(tl.float32)
+        sin = tl.load(Sin + slot[:, None] * ssnb + d[None, :]).to(tl.float32)
+        q = _turned(Q, slot[:, None] * sqb + head * sqh + g[:, None] * sqg, d[None, :], cos, sin, D, real[:, None])
         width = tl.load(Width + row)
         m = tl.full([TILE], float("-inf"), tl.float32)
         total = tl.zeros([TILE], tl.float32)
@@ -141,17 +154,20 @@ if triton is not None:
         tl.store(Acc + slot[:, None] * sab + head * sah + g[:, None] * sag + d[None, :], acc, mask=real[:, None])
 
     @triton.jit
-    def _decode(Q, Knew, Vnew, K, V, Valid, Column, Width, Most, Total, Acc, Out, scale, span,
-                sqb, sqh, sqg, snkb, snkh, snvb, snvh, skb, skh, skn, svb, svh, svn, smb, ssb, ssh, sab, sah, sag,
+    def _decode(Q, Knew, Vnew, Cos, Sin, K, V, Valid, Column, Width, Most, Total, Acc, Out, scale, span,
+                sqb, sqh, sqg, scb, ssnb, snkb, snkh, snvb, snvh, skb, skh, skn, svb, svh, svn, smb, ssb, ssh, sab, sah, sag,
                 sob, soh, sog,
                 GROUPS: tl.constexpr, GROUPS_PAD: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
                 PROMPT_DONE: tl.constexpr):
         row, head = tl.program_id(0), tl.program_id(1)
         g, d = tl.arange(0, GROUPS_PAD), tl.arange(0, D)
         real = g < GROUPS
-        q = tl.load(Q + row * sqb + head * sqh + g[:, None] * sqg + d[None, :], mask=real[:, None], other=0.0)
+        cos = tl.load(Cos + row * scb + d).to(tl.float32)
+        sin = tl.load(Sin + row * ssnb + d).to(tl.float32)
+        q = _turned(Q, row * sqb + head * sqh + g[:, None] * sqg, d[None, :], cos[None, :], sin[None, :], D,
+                    real[:, None])
         last = tl.load(Column + row)
-        k_new = tl.load(Knew + row * snkb + head * snkh + d)
+        k_new = _turned(Knew, row * snkb + head * snkh, d, cos, sin, D, d < D)
         v_new = tl.load(Vnew + row * snvb + head * snvh + d)
         tl.store(K + row * skb + head * skh + last * skn + d, k_new)
         tl.store(V + row * svb + head * svh + last * svn + d, v_new)

@@ -181,16 +181,19 @@ class StaticDecoder:
         position = self.position[:b, None]
         if self.mrope:  # [axes, b, 1]: a text token sits at the same position on every axis
             position = position.expand(3, -1, -1)
-        cos, sin = self.decoder.rotary_emb(x, position)
-        mask = None  # the Triton kernel reads the valid columns itself
-        if not self.triton_attention:
+        cos, sin = self.decoder.rotary_emb(x, position)  # [b, 1, head_dim]
+        mask = rotary = None
+        if self.triton_attention:  # the kernel turns the heads and reads the valid columns itself
+            rotary = cos[:, 0], sin[:, 0]
+        else:
             mask = (self.valid[:b, :span] & (self.columns[:span] <= self.column[:b, None]))[:, None, None, :]
+        rope = None if rotary else self.rope
         # each layer's MLP output joins the residual stream in the next layer's first kernel,
         # with its norm: one kernel fewer a layer
         mlp = None
         for i, (layer, stacked, gate_up) in enumerate(zip(self.layers, self._projections, self._gate_ups)):
-            x, q, k, v = self._qkv(layer, x, mlp, cos, sin, self.rope, stacked)
-            x, mlp = self._mlp(layer, x, self._attention(i, q, k, v, mask, b, span), gate_up)
+            x, q, k, v = self._qkv(layer, x, mlp, cos, sin, rope, stacked)
+            x, mlp = self._mlp(layer, x, self._attention(i, q, k, v, mask, b, span, rotary), gate_up)
         return self.decoder.norm((x + mlp)[:, 0])
 
     def _layers_eager(self, b: int, span: int) -> torch.Tensor:
@@ -235,15 +238,16 @@ class StaticDecoder:
         sign = torch.cat([-torch.ones(half), torch.ones(half)]).to(sin)
         self._cos, self._sin = cos[0][:, None], (sin[0] * sign)[:, None]
 
-    def _attention(self, i, q, k, v, mask, b: int, span: int) -> torch.Tensor:
+    def _attention(self, i, q, k, v, mask, b: int, span: int, rotary=None) -> torch.Tensor:
         """Write this step's key and value into the cache and attend over ``span`` columns;
-        ``mask`` [b, 1, 1, span] is the columns each row sees (boolean), or additive."""
+        ``mask`` [b, 1, 1, span] is the columns each row sees (boolean), or additive. The
+        Triton kernel takes the query and key unturned, and ``rotary`` (cos, sin)."""
         # The query heads that share a KV head stand in for the query length: one pass
         # reads each cached key and value once, with no copies for grouped-query attention.
         q = q.reshape(b, self.kv_heads, self.groups, self.head_dim)
         if self.triton_attention:  # the kernel writes the key and value too
-            out = decode_attention.decode_attention(q, k, v, self.keys[i], self.values[i], self.valid, self.column,
-                                                    span, self.scale, self.width, self.members)
+            out = decode_attention.decode_attention(q, k, v, *rotary, self.keys[i], self.values[i], self.valid,
+                                                    self.column, span, self.scale, self.width, self.members)
             return out.reshape(b, 1, -1)
         self.values[i][self.slots[:b], :, self.column[:b]] = v[:, :, 0]
         values = self.values[i][:b, :, :span]
@@ -522,7 +526,8 @@ def _bias(linear) -> torch.Tensor:
 
 def _qkv(layer, x, mlp, cos, sin, rope, stacked=None):
     """The layer's input (``x``, plus the last layer's ``mlp`` output unless None) and its
-    normed projection to this step's query, key and value heads [b, heads, 1, d]."""
+    normed projection to this step's query, key and value heads [b, heads, 1, d], the
+    query and key turned by ``rope`` unless None."""
     attn = layer.self_attn
     if mlp is not None:
         x = x + mlp
@@ -536,7 +541,9 @@ def _qkv(layer, x, mlp, cos, sin, rope, stacked=None):
     q, k = q.view(shape), k.view(shape)
     if hasattr(attn, "q_norm"):  # Qwen3 normalises each head's query and key
         q, k = attn.q_norm(q), attn.k_norm(k)
-    q, k = rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+    q, k = q.transpose(1, 2), k.transpose(1, 2)
+    if rope is not None:
+        q, k = rope(q, k, cos, sin)
     return x, q, k, v.view(shape).transpose(1, 2)
 
 
