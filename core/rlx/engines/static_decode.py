@@ -8,7 +8,8 @@ cache never moves, the mask is one comparison, and on CUDA a whole step (forward
 sampling, bookkeeping) is one graph replay, so the GPU never waits for Python. Inside
 it, the work between the matmuls runs compiled, the query, key and value projections are
 one matmul (and in small models the gate and up projections too), attention (with the
-cache write) is a Triton kernel (``decode_attention``) and sampling two more (``draw``).
+rotary embedding and the cache write) is a Triton kernel (``decode_attention``), with one
+more that reads a prompt's columns once for its samples, and sampling two more (``draw``).
 
 Rows that finish keep their slot until the batch is compacted: on CUDA when half the
 rows are done (graphs are captured per batch-size bucket, and with SDPA per cache-length
