@@ -75,15 +75,19 @@ def test_kernel_matches_sdpa_under_the_interpreter():
     assert written == [True] * 6  # this step's key and value in its column, of its rows only
 
 
+H100_SHARED = 232448  # bytes of shared memory a program may take on an H100 or H200
+
+
 def compiles_for_sm90(kernel, pointers: dict, scalars: tuple, strides: str, constexprs: dict, warps: int) -> bool:
+    """Whether ``kernel`` lowers to sm_90 machine code that fits the SM's shared memory."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, compile
 
     signature = {**pointers, **{name: "fp32" if name == "scale" else "i32" for name in scalars},
                  **{name: "i32" for name in strides.split()}, **{name: "constexpr" for name in constexprs}}
     source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
-    return bool(compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": 2})
-                .asm["cubin"])
+    compiled = compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": 2})
+    return bool(compiled.asm["cubin"]) and compiled.metadata.shared <= H100_SHARED
 
 
 @pytest.mark.parametrize("prompt_done", [False, True], ids=["own-prompt", "prompt-kernel-first"])
@@ -100,12 +104,21 @@ def test_the_decode_kernel_compiles_for_an_h200(prompt_done):
                              {"GROUPS": 7, "GROUPS_PAD": 16, "D": 64, "BLOCK": 32, "PROMPT_DONE": prompt_done}, 2)
 
 
-def test_the_prompt_kernel_compiles_for_an_h200():
-    from rlx.engines.decode_attention import _prompt
+@pytest.mark.parametrize("groups, head_dim", [(7, 64), (7, 128), (16, 64), (2, 256)],
+                         ids=["w1", "7b", "largest-tile", "head-256"])
+def test_the_prompt_kernel_compiles_for_an_h200(groups, head_dim):
+    """At W1's shape, the 7B shape's head size, and the largest tiles ``samples_per_tile``
+    allows."""
+    import triton
+
+    from rlx.engines.decode_attention import _prompt, samples_per_tile
+
+    members = min(8, samples_per_tile(groups, head_dim))
 
     pointers = {**{name: "*bf16" for name in ("Q", "Cos", "Sin", "K", "V")}, "Valid": "*i1", "Width": "*i64",
                 "Members": "*i64",
                 **{name: "*fp32" for name in ("Most", "Total", "Acc")}}
     strides = "sqb sqh sqg scb ssnb skb skh skn svb svh svn smb seb ssb ssh sab sah sag"
     assert compiles_for_sm90(_prompt, pointers, ("scale",), strides,
-                             {"GROUPS": 7, "MEMBERS": 8, "TILE": 64, "D": 64, "BLOCK": 64}, 4)
+                             {"GROUPS": groups, "MEMBERS": members, "D": head_dim, "BLOCK": 64,
+                              "TILE": max(16, triton.next_power_of_2(members * groups))}, 4)

@@ -22,7 +22,9 @@ except ImportError:  # the CPU build of torch comes without Triton
     triton = None
 
 
-MAX_TILE = 128  # query rows the prompt kernel stacks into one tile: a prompt's samples × their heads
+# the prompt kernel's tile of query rows (a prompt's samples × their heads) × head size at most:
+# 128 rows at head size 64, its float32 sums 32 KB a program, as for 64 rows at 128
+TILE_ELEMENTS = 128 * 64
 
 
 def supported(head_dim: int, groups: int, device: torch.device) -> bool:
@@ -31,10 +33,11 @@ def supported(head_dim: int, groups: int, device: torch.device) -> bool:
             and groups <= 64)
 
 
-def samples_per_tile(groups: int) -> int:
+def samples_per_tile(groups: int, head_dim: int) -> int:
     """How many samples of a prompt the prompt kernel serves from one read of its columns:
-    as many as fit ``MAX_TILE`` query rows with their ``groups`` heads each."""
-    return max(1, MAX_TILE // groups)
+    as many as fit a tile of ``TILE_ELEMENTS`` with their ``groups`` query heads each (1:
+    the decode kernel alone)."""
+    return max(1, TILE_ELEMENTS // head_dim // groups)
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,

@@ -459,7 +459,7 @@ class StaticDecoder:
         """Group the slots decoding samples of one prompt (row r is a sample of prompt
         r // n) for the attention kernel, which then reads a prompt's columns once for all
         of them. With one sample a prompt, or without the kernel, each slot reads its own."""
-        per_tile = min(n, decode_attention.samples_per_tile(self.groups))
+        per_tile = min(n, decode_attention.samples_per_tile(self.groups, self.head_dim))
         if not self.triton_attention or per_tile == 1:
             if self.members is not None:
                 self.members = None
