@@ -185,7 +185,7 @@ class StaticDecoder:
         cos, sin = self.decoder.rotary_emb(x, position)  # [b, 1, head_dim]
         mask = rotary = None
         if self.triton_attention:  # the kernel turns the heads and reads the valid columns itself
-            rotary = cos[:, 0], sin[:, 0]
+            rotary = cos.view(b, self.head_dim), sin.view(b, self.head_dim)
         else:
             mask = (self.valid[:b, :span] & (self.columns[:span] <= self.column[:b, None]))[:, None, None, :]
         rope = None if rotary else self.rope
