@@ -80,8 +80,9 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: tor
         per_tile = members.shape[1]
         _prompt[(b, kv_heads)](
             q, cos, sin, keys, values, valid, width, members, most, total, acc, scale,
-            q.stride(0), q.stride(1), q.stride(2), cos.stride(0), sin.stride(0), keys.stride(0), keys.stride(1), keys.stride(2),
-            values.stride(0), values.stride(1), values.stride(2), valid.stride(0), members.stride(0),
+            q.stride(0), q.stride(1), q.stride(2), cos.stride(0), sin.stride(0),
+            keys.stride(0), keys.stride(1), keys.stride(2), values.stride(0), values.stride(1), values.stride(2),
+            valid.stride(0), members.stride(0),
             most.stride(0), most.stride(1), acc.stride(0), acc.stride(1), acc.stride(2),
             GROUPS=groups, MEMBERS=per_tile, TILE=max(16, triton.next_power_of_2(per_tile * groups)), D=d,
             BLOCK=prompt_block, num_warps=prompt_warps, num_stages=2)
@@ -89,7 +90,8 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: tor
         most = total = acc = out
     _decode[(b, kv_heads)](
         q, k, v, cos, sin, keys, values, valid, column, width, most, total, acc, out, scale, span,
-        q.stride(0), q.stride(1), q.stride(2), cos.stride(0), sin.stride(0), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        q.stride(0), q.stride(1), q.stride(2), cos.stride(0), sin.stride(0),
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         keys.stride(0), keys.stride(1), keys.stride(2), values.stride(0), values.stride(1), values.stride(2),
         valid.stride(0), most.stride(0), most.stride(1), acc.stride(0), acc.stride(1), acc.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
@@ -158,8 +160,8 @@ if triton is not None:
 
     @triton.jit
     def _decode(Q, Knew, Vnew, Cos, Sin, K, V, Valid, Column, Width, Most, Total, Acc, Out, scale, span,
-                sqb, sqh, sqg, scb, ssnb, snkb, snkh, snvb, snvh, skb, skh, skn, svb, svh, svn, smb, ssb, ssh, sab, sah, sag,
-                sob, soh, sog,
+                sqb, sqh, sqg, scb, ssnb, snkb, snkh, snvb, snvh, skb, skh, skn, svb, svh, svn, smb,
+                ssb, ssh, sab, sah, sag, sob, soh, sog,
                 GROUPS: tl.constexpr, GROUPS_PAD: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
                 PROMPT_DONE: tl.constexpr):
         row, head = tl.program_id(0), tl.program_id(1)
