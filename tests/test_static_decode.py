@@ -213,18 +213,23 @@ def test_the_first_remaining_slot_of_a_prompt_leads_its_samples():
     assert fast.members is None and not fast._graphs
 
 
+def tiny(config):
+    """A 2-layer model of ``config``'s architecture at the test's sizes."""
+    for key, value in dict(vocab_size=64, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                           num_key_value_heads=1, intermediate_size=128, head_dim=32, eos_token_id=EOS,
+                           pad_token_id=0).items():
+        setattr(config, key, value)
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(config).eval()
+
+
 @pytest.mark.parametrize("config", [
     transformers.LlamaConfig(attention_bias=False),  # no projection biases
     transformers.LlamaConfig(attention_bias=True),
     transformers.Qwen3Config(),  # per-head query and key norms after the stacked projection
 ], ids=["llama", "llama-bias", "qwen3"])
 def test_stacked_projections_decode_as_the_model_does(tokenizer, prompts, config):  # noqa: F811
-    for key, value in dict(vocab_size=64, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-                           num_key_value_heads=1, intermediate_size=128, head_dim=32, eos_token_id=EOS,
-                           pad_token_id=0).items():
-        setattr(config, key, value)
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    model = tiny(config)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("bias"):  # initialised to zero
@@ -297,12 +302,7 @@ def test_finished_rows_waiting_in_the_batch_stay_inside_the_cache(tokenizer):  #
 def test_the_graphed_steps_layers_run_eagerly_decode_as_the_plain_loop(tokenizer, prompts, config):  # noqa: F811
     """The decode step a CUDA graph captures (compiled pieces, each layer's MLP output added
     in the next layer's first piece), run here uncaptured with SDPA for the Triton kernel."""
-    for key, value in dict(vocab_size=64, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-                           num_key_value_heads=1, intermediate_size=128, head_dim=32, eos_token_id=EOS,
-                           pad_token_id=0).items():
-        setattr(config, key, value)
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    model = tiny(config)
     fast, plain = engines(model, tokenizer, keys_transposed=False)
     fast.static._layers_eager = fast.static._layers_graphed
     params = SamplingParams(n=2, max_new_tokens=12, greedy=True)

@@ -115,6 +115,21 @@ if triton is not None:
         return m_new, total * alpha + tl.sum(p, 1), acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
 
     @triton.jit
+    def _columns(q, K, V, Valid, row, head, start, end, m, total, acc, scale,
+                 skb, skh, skn, svb, svh, svn, smb, D: tl.constexpr, BLOCK: tl.constexpr):
+        """Row ``row``'s cache columns ``[start, end)`` of KV head ``head``, ``BLOCK`` at a time,
+        folded into the running softmax of the query rows ``q``."""
+        d = tl.arange(0, D)
+        for first in range(start, end, BLOCK):
+            n = first + tl.arange(0, BLOCK)
+            inside = n < end
+            ok = inside & (tl.load(Valid + row * smb + n, mask=inside, other=0) != 0)
+            k = tl.load(K + row * skb + head * skh + n[:, None] * skn + d[None, :], mask=inside[:, None], other=0.0)
+            v = tl.load(V + row * svb + head * svh + n[:, None] * svn + d[None, :], mask=inside[:, None], other=0.0)
+            m, total, acc = _online(q, k, v, ok, m, total, acc, scale)
+        return m, total, acc
+
+    @triton.jit
     def _turned(X, offsets, d, cos, sin, D: tl.constexpr, mask):
         """The heads at ``X + offsets + d`` turned by the rotary embedding: x·cos +
         rotate_half(x)·sin, where rotate_half(x) is (-x[D/2:], x[:D/2]); in X's dtype."""
@@ -146,13 +161,8 @@ if triton is not None:
         m = tl.full([TILE], float("-inf"), tl.float32)
         total = tl.zeros([TILE], tl.float32)
         acc = tl.zeros([TILE, D], tl.float32)
-        for start in range(0, width, BLOCK):
-            n = start + tl.arange(0, BLOCK)
-            inside = n < width
-            ok = inside & (tl.load(Valid + row * smb + n, mask=inside, other=0) != 0)
-            k = tl.load(K + row * skb + head * skh + n[:, None] * skn + d[None, :], mask=inside[:, None], other=0.0)
-            v = tl.load(V + row * svb + head * svh + n[:, None] * svn + d[None, :], mask=inside[:, None], other=0.0)
-            m, total, acc = _online(q, k, v, ok, m, total, acc, scale)
+        m, total, acc = _columns(q, K, V, Valid, row, head, 0, width, m, total, acc, scale,
+                                 skb, skh, skn, svb, svh, svn, smb, D, BLOCK)
         state = slot * ssb + head * ssh + g
         tl.store(Most + state, m, mask=real)
         tl.store(Total + state, total, mask=real)
@@ -190,13 +200,8 @@ if triton is not None:
         # the columns before this step's (its own key and value are in registers): a row
         # reads no further, however far the span its graph was captured for reaches
         seen = tl.minimum(last, span)
-        for start in range(first, seen, BLOCK):
-            n = start + tl.arange(0, BLOCK)
-            inside = n < seen
-            ok = inside & (tl.load(Valid + row * smb + n, mask=inside, other=0) != 0)
-            k = tl.load(K + row * skb + head * skh + n[:, None] * skn + d[None, :], mask=inside[:, None], other=0.0)
-            v = tl.load(V + row * svb + head * svh + n[:, None] * svn + d[None, :], mask=inside[:, None], other=0.0)
-            m, total, acc = _online(q, k, v, ok, m, total, acc, scale)
+        m, total, acc = _columns(q, K, V, Valid, row, head, first, seen, m, total, acc, scale,
+                                 skb, skh, skn, svb, svh, svn, smb, D, BLOCK)
         # this step's column, always valid
         s_new = tl.sum(q.to(tl.float32) * k_new.to(tl.float32)[None, :], 1) * scale
         m_new = tl.maximum(m, s_new)
