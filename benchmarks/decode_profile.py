@@ -2,11 +2,15 @@
 batch 512, timed at several cache spans, and the GPU kernels of one eager step ranked by
 time.
 
-    python benchmarks/decode_profile.py
+    python benchmarks/decode_profile.py [--own-prompt]
+
+``--own-prompt`` has every row read its own copy of its prompt's columns in the decode
+kernel, without the prompt kernel that reads them once for a prompt's samples.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import tempfile
@@ -42,6 +46,13 @@ def step_ms(dec, span: int, params) -> float:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--own-prompt", action="store_true")
+    args = parser.parse_args()
+    if args.own_prompt:
+        from rlx.engines import decode_attention
+        decode_attention.samples_per_tile = lambda groups, head_dim: 1
+
     from torch.profiler import ProfilerActivity, profile
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
