@@ -1,5 +1,8 @@
+import os
 import re
 import shutil
+import subprocess
+import sys
 import types
 
 import pytest
@@ -274,6 +277,18 @@ def test_save_hf_merges_lora_without_touching_the_model(lm_path, tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(saved(input_ids=ids).logits, model(input_ids=ids).logits, atol=1e-4, rtol=1e-4)
     assert transformers.AutoTokenizer.from_pretrained(tmp_path / "final").pad_token_id == tok.pad_token_id
+
+
+def test_saving_on_the_cpu_prints_no_deepspeed_warning(lm_path, tmp_path):
+    """save_pretrained imports DeepSpeed (installed with rlx's pins), which warned at the end
+    of every CPU run that it had found no GPU."""
+    code = ("import sys; from rlx import models; "
+            f"models.save_hf(models.load_causal_lm(models.ModelConfig(path={str(lm_path)!r}), 'cpu'), None, {str(tmp_path / 'out')!r}); "
+            "print('deepspeed' in sys.modules)")
+    env = {k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert result.stdout.split()[-1] == "True"  # the import the setting is for still happens
+    assert "accelerator" not in result.stdout + result.stderr
 
 
 @pytest.mark.parametrize("rank", [0, 4])
