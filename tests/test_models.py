@@ -279,6 +279,32 @@ def test_save_hf_merges_lora_without_touching_the_model(lm_path, tmp_path):
     assert transformers.AutoTokenizer.from_pretrained(tmp_path / "final").pad_token_id == tok.pad_token_id
 
 
+def test_a_value_model_from_a_causal_lm_loads_without_a_report(lm_path, caplog):
+    """The new score head and the dropped LM head are what a critic or reward model from a
+    policy checkpoint always has: transformers' load report on them would read as a fault."""
+    models.load_value_model(ModelConfig(path=str(lm_path)), CPU)
+    assert "LOAD REPORT" not in caplog.text
+
+
+def test_a_value_model_missing_body_weights_still_reports_them(lm_path, tmp_path, caplog):
+    model = transformers.AutoModelForCausalLM.from_pretrained(lm_path)
+    state = {k: v for k, v in model.state_dict().items() if k != "model.layers.1.mlp.down_proj.weight"}
+    model.save_pretrained(tmp_path / "cut", state_dict=state)
+    models.load_value_model(ModelConfig(path=str(tmp_path / "cut")), CPU)
+    assert "LOAD REPORT" in caplog.text and "model.layers.1.mlp.down_proj.weight" in caplog.text
+
+
+def test_a_value_model_load_that_fails_keeps_its_report(tmp_path, caplog):
+    """A two-label reward model loaded as one label fails on the head's size; the report
+    transformers logs before raising says which weight."""
+    config = transformers.Qwen2Config(vocab_size=64, hidden_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                      num_key_value_heads=1, intermediate_size=128, num_labels=2, pad_token_id=0)
+    transformers.Qwen2ForSequenceClassification(config).save_pretrained(tmp_path / "rm2")
+    with pytest.raises(RuntimeError, match="ignore_mismatched_sizes"):
+        models.load_value_model(ModelConfig(path=str(tmp_path / "rm2")), CPU)
+    assert "LOAD REPORT" in caplog.text and "score.weight" in caplog.text
+
+
 def test_saving_on_the_cpu_prints_no_deepspeed_warning(lm_path, tmp_path):
     """save_pretrained imports DeepSpeed (installed with rlx's pins), which warned at the end
     of every CPU run that it had found no GPU."""

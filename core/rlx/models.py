@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import logging
 import os
 from pathlib import Path
 
@@ -94,21 +95,61 @@ def load_tokenizer(path: str | Path):
 
 
 def _from_pretrained(auto_class, cfg: ModelConfig, device: torch.device, path: str | None, vlm: bool = False,
-                     **kwargs):
+                     new_head: str | None = None, **kwargs):
+    """``new_head``: the prefix of the weights the auto class adds on top of a causal LM's
+    (``score.``); a load that only lacks those and drops the LM head prints no report."""
     source = model_path(path or cfg.path)
     check_model_folder(source)
+    report = _HeldRecords(logging.getLogger("transformers.modeling_utils") if new_head else None)
     try:
-        model = auto_class.from_pretrained(
-            source,
-            dtype=resolve_dtype(cfg.dtype, device),
-            attn_implementation=attn_implementation(cfg.attn_implementation, device, vlm),
-            trust_remote_code=cfg.trust_remote_code,
-            **kwargs,
-        )
+        with report:
+            loaded = auto_class.from_pretrained(
+                source,
+                dtype=resolve_dtype(cfg.dtype, device),
+                attn_implementation=attn_implementation(cfg.attn_implementation, device, vlm),
+                trust_remote_code=cfg.trust_remote_code,
+                output_loading_info=bool(new_head),
+                **kwargs,
+            )
     except (OSError, ValueError) as e:
         where = "folder" if Path(source).expanduser().exists() else "name (no such local folder, and not loadable from the hub)"
         raise ModelError(f"cannot load model {source!r}: bad model {where}: {e}") from e
+    if not new_head:
+        return loaded.to(device)
+    model, info = loaded
+    if not (all(k.startswith(new_head) for k in info["missing_keys"]) and not info["mismatched_keys"]
+            and all(k.startswith("lm_head.") for k in info["unexpected_keys"])):
+        report.replay()
     return model.to(device)
+
+
+class _HeldRecords(logging.Filter):
+    """Inside ``with``, holds back what ``logger`` logs (nothing without a logger) until
+    ``replay``; a block that raises replays all of it, so that a report stands above its error."""
+
+    def __init__(self, logger: logging.Logger | None):
+        super().__init__()
+        self.logger, self.records = logger, []
+
+    def __enter__(self):
+        if self.logger is not None:
+            self.logger.addFilter(self)
+        return self
+
+    def __exit__(self, kind, error, trace) -> None:
+        if self.logger is not None:
+            self.logger.removeFilter(self)
+        if kind is not None:
+            self.replay()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        self.records.append(record)
+        return False
+
+    def replay(self) -> None:
+        for record in self.records:
+            self.logger.handle(record)
+        self.records = []
 
 
 def _prepare_for_training(model, cfg: ModelConfig, task_type: str):
@@ -184,7 +225,7 @@ def load_value_model(cfg: ModelConfig, device: torch.device, *, path: str | None
     """
     from transformers import AutoModelForSequenceClassification
 
-    model = _from_pretrained(AutoModelForSequenceClassification, cfg, device, path, num_labels=1)
+    model = _from_pretrained(AutoModelForSequenceClassification, cfg, device, path, new_head="score.", num_labels=1)
     if model.config.pad_token_id is None:
         # the model's own forward pools at the last non-pad token and needs the pad id
         model.config.pad_token_id = load_tokenizer(path or cfg.path).pad_token_id
