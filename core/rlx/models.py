@@ -472,12 +472,17 @@ def save_hf(model, tokenizer, out_dir: str | Path, *, state_dict: dict[str, torc
     if getattr(replica.config, "pad_token_id", None) is None and tokenizer is not None:
         # sequence-classification heads find the last token through the pad id
         replica.config.pad_token_id = tokenizer.pad_token_id
-    if not torch.cuda.is_available():
-        # save_pretrained imports DeepSpeed where it is installed, which then warns that it
-        # found no GPU at the end of every CPU run; this is the accelerator it would choose
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    replica.save_pretrained(out)
+    save_pretrained(replica, out)
     if tokenizer is not None:
         tokenizer.save_pretrained(out)
     return out
+
+
+def save_pretrained(model, out_dir: str | Path) -> None:
+    """``model.save_pretrained(out_dir)``. On a machine without CUDA, transformers imports
+    DeepSpeed there (where it is installed), which warns that it found no GPU: every CPU
+    run printed that at its end. It is told the accelerator it would choose."""
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    model.save_pretrained(out_dir)
 

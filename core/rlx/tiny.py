@@ -103,6 +103,8 @@ def make_model(
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig, LlamaConfig, Qwen2Config
 
+    from rlx.models import save_pretrained
+
     configs = {"qwen2": Qwen2Config, "llama": LlamaConfig}
     if arch not in configs:
         raise ValueError(f"unknown architecture {arch!r}; known: {', '.join(configs)}")
@@ -129,7 +131,7 @@ def make_model(
     model.generation_config = GenerationConfig(
         bos_token_id=eos, eos_token_id=eos, pad_token_id=tokenizer.pad_token_id
     )
-    model.save_pretrained(out_dir)
+    save_pretrained(model, out_dir)
     return str(out_dir)
 
 

@@ -37,6 +37,7 @@ def make_tiny_qwen_vl(out_dir: str | os.PathLike, *, seed: int = 0, min_pixels: 
                               Qwen2VLForConditionalGeneration)
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
+    from rlx.models import save_pretrained
     from rlx.tiny import make_tokenizer
     from rlx_qwen_vl.shapes import corpus
 
@@ -58,7 +59,7 @@ def make_tiny_qwen_vl(out_dir: str | os.PathLike, *, seed: int = 0, min_pixels: 
         model = model_class(config).to(getattr(torch, dtype))
     model.generation_config = GenerationConfig(bos_token_id=eos, eos_token_id=eos,
                                                pad_token_id=tokenizer.pad_token_id)
-    model.save_pretrained(out_dir)
+    save_pretrained(model, out_dir)
     Qwen2VLImageProcessorPil(min_pixels=min_pixels, max_pixels=max_pixels).save_pretrained(out_dir)
     # written by hand: transformers' video processor needs torchvision even to save
     video = {"video_processor_type": "Qwen2VLVideoProcessor", "size": {"shortest_edge": min_pixels,
