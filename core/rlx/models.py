@@ -117,15 +117,17 @@ def _from_pretrained(auto_class, cfg: ModelConfig, device: torch.device, path: s
     if not new_head:
         return loaded.to(device)
     model, info = loaded
-    if not (all(k.startswith(new_head) for k in info["missing_keys"]) and not info["mismatched_keys"]
-            and all(k.startswith("lm_head.") for k in info["unexpected_keys"])):
-        report.replay()
+    expected = (all(k.startswith(new_head) for k in info["missing_keys"]) and not info["mismatched_keys"]
+                and all(k.startswith("lm_head.") for k in info["unexpected_keys"]))
+    # anything else transformers logged while loading still shows
+    report.replay(lambda record: not (expected and "LOAD REPORT" in record.getMessage()))
     return model.to(device)
 
 
 class _HeldRecords(logging.Filter):
     """Inside ``with``, holds back what ``logger`` logs (nothing without a logger) until
-    ``replay``; a block that raises replays all of it, so that a report stands above its error."""
+    ``replay`` logs those records ``keep`` picks; a block that raises replays all of them,
+    so that a report stands above its error."""
 
     def __init__(self, logger: logging.Logger | None):
         super().__init__()
@@ -146,9 +148,10 @@ class _HeldRecords(logging.Filter):
         self.records.append(record)
         return False
 
-    def replay(self) -> None:
+    def replay(self, keep=lambda record: True) -> None:
         for record in self.records:
-            self.logger.handle(record)
+            if keep(record):
+                self.logger.handle(record)
         self.records = []
 
 
