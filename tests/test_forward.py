@@ -5,7 +5,7 @@ import pytest
 import torch
 import transformers
 
-from rlx import varlen
+from rlx import models, varlen
 from rlx.batch import Batch
 from rlx.workers import forward
 
@@ -274,6 +274,24 @@ def test_a_training_step_puts_a_prompts_samples_in_the_same_micro_batch(tiny_mod
         assert seen == [3 * 11, 3 * 11]  # training.share_prompts=false: every sample's prompt
 
 
+def test_a_critics_training_step_runs_each_prompt_once_per_micro_batch(tiny_model_dir):
+    from rlx.config import resolve
+    from rlx.plugins import build_host
+    from rlx.workers.critic import CriticWorker
+
+    config = resolve(build_host().algorithms.get("ppo"), {
+        "model": {"path": tiny_model_dir}, "training": {"batch_size": 6, "micro_batch_size": 3},
+        "algorithm": {"rollout_batch_size": 2, "n_samples": 3}})
+    critic = CriticWorker(config, build_host(), total_steps=10, micro_steps=2)
+    batch = grouped_batch().select([0, 3, 1, 4, 2, 5])  # shuffled: each group split across micro-batches
+    batch.input_ids %= models.hf_module(critic.engine.model).config.vocab_size
+    batch.values, batch.returns = torch.zeros(6, 6), torch.randn(6, 6) * batch.action_mask
+    seen = tokens_seen(models.hf_module(critic.engine.model))
+    metrics, update = critic.train_step(batch, token_count=batch.action_mask.sum().item())
+    assert seen == [5, 3 * 6, 5, 3 * 6]  # each micro-batch: its one prompt, then its three responses
+    assert metrics["loss/value"] > 0 and update["critic/grad_norm"] > 0
+
+
 def test_a_frozen_head_passes_its_gradient_on_and_gets_none(monkeypatch):
     monkeypatch.setattr(forward, "_CHUNK_ELEMENTS", 97 * 4)  # chunks of 4 tokens
     monkeypatch.setattr(forward, "_KEEP_ELEMENTS", 0)  # the logits recomputed in the backward pass
@@ -327,3 +345,39 @@ def test_the_flash_kernels_flop_count_takes_grouped_key_heads(monkeypatch):
     monkeypatch.setitem(flop_counter.flop_registry, op, own := lambda *args, **kwargs: 7)
     varlen._count_grouped_heads()  # a count that takes grouped heads stays
     assert flop_counter.flop_registry[op] is own
+
+
+def value_model():
+    torch.manual_seed(0)
+    config = transformers.Qwen2Config(vocab_size=97, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                      num_key_value_heads=1, intermediate_size=64, num_labels=1, pad_token_id=0)
+    return transformers.Qwen2ForSequenceClassification(config)
+
+
+@pytest.mark.parametrize("path", ["packed", "cache", "row"])
+def test_a_critics_values_take_the_policys_paths_with_the_same_numbers_and_gradients(monkeypatch, path):
+    """Values of the state before each response token, from a packed row, from prompts run
+    once through a cache (the CPU's way) or in a row of shared prompts (CUDA's), against
+    the padded forward's per-position values."""
+    model = value_model()
+    if path != "cache":
+        varlen.register()
+        model.set_attn_implementation("rlx_varlen")
+    monkeypatch.setattr(forward, "_row_ready", lambda model: path == "row")
+    batch = grouped_batch()
+    weights = torch.randn(batch.action_mask.shape) * batch.action_mask
+    seen = tokens_seen(model)
+    values = forward.response_values(model, batch, packed=path == "packed", share=path != "packed")
+    (values * weights).sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    responses = int(batch.attention_mask[:, 5:].sum())
+    # every sample's prompt and response without padding; the two prompts once (padded), then
+    # the responses; the two prompts once (5 and 3 tokens) and the responses, without padding
+    assert seen == {"packed": [6 * 5 - 3 * 2 + responses], "cache": [2 * 5, 6 * 6], "row": [5 + 3 + responses]}[path]
+    model.zero_grad()
+    want = models.token_values(model, batch.input_ids, batch.attention_mask, batch.position_ids)[:, 4:-1]
+    (want * weights).sum().backward()
+    assert values.dtype == torch.float32 and values.shape == batch.action_mask.shape
+    assert torch.allclose(values * batch.action_mask, want * batch.action_mask, atol=1e-5)
+    for name, p in model.named_parameters():
+        assert torch.allclose(grads[name], p.grad, atol=1e-5), name

@@ -105,7 +105,7 @@ class TrainingConfig:
              "recomputing the rest (the elementwise work first); 1: what the compiler picks")
     epochs: int = opt(1, "passes over the data: training rows (offline) or prompts (online); max_steps wins when set")
     max_steps: int = opt(0, "stop after this many optimizer steps (0: run all epochs)")
-    packing: bool = opt(False, "pack several samples into one row without padding (SFT; the online policy and reference passes)")
+    packing: bool = opt(False, "pack several samples into one row without padding (SFT; the online policy, reference and critic passes)")
     share_prompts: bool = opt(True, "online passes: run each distinct prompt of a micro-batch once, its samples' "
                                     "responses attending to it (the same log-probs and gradients)")
     eval_every: int = opt(0, "evaluate every N steps (0: only at the end)")

@@ -30,6 +30,14 @@ def add_shares(into: dict[str, float], values: dict[str, float]) -> None:
         into[k] = max(into.get(k, float(v)), float(v)) if k.endswith("_max") else into.get(k, 0.0) + float(v)
 
 
+def add_tensors(into: dict, values: dict) -> None:
+    """``add_shares`` for a micro-batch's metrics kept on the device until the step ends (a
+    host read after each would stall the GPU while Python queues the next forward)."""
+    for k, v in values.items():
+        v = v.detach().float()
+        into[k] = v if k not in into else into[k].maximum(v) if k.endswith("_max") else into[k] + v
+
+
 def _number(value) -> float | None:
     value = float(value.item() if hasattr(value, "item") else value)
     return value if math.isfinite(value) else None

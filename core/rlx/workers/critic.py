@@ -11,8 +11,8 @@ from rlx import models, ops
 from rlx.batch import Batch
 from rlx.checkpoint import load_checkpoint, save_checkpoint
 from rlx.engine import make_engine, save_hf
+from rlx.metrics import add_tensors
 from rlx.workers.forward import batched, chunks, forward_micro_batch, response_values
-from rlx.metrics import add_shares
 from rlx.workers.policy import own_host
 
 
@@ -32,23 +32,27 @@ class CriticWorker:
 
     def values(self, batch: Batch) -> torch.Tensor:
         self.engine.model.eval()
-        return batched(lambda part: response_values(self.engine.model, part), batch, forward_micro_batch(self.t))
+        return batched(lambda part: response_values(self.engine.model, part, packed=self.t.packing,
+                                                    share=self.t.share_prompts), batch, forward_micro_batch(self.t))
 
     def train_step(self, batch: Batch, *, token_count: float, **_) -> tuple[dict[str, float], dict[str, float]]:
         """One optimizer step of the token-mean value loss on this rank's share of the step;
         ``token_count`` counts the action tokens of the whole step (all ranks)."""
         engine = self.engine
         engine.model.train()
-        metrics: dict[str, float] = {}
+        totals: dict[str, torch.Tensor] = {}
+        # a prompt's samples go together, so that each micro-batch runs its prompts once
+        batch = batch.select(torch.argsort(batch.group_ids.cpu(), stable=True).tolist())
         for index in chunks(len(batch), self.t.micro_batch_size):
             micro = batch.select(index)
-            values = response_values(engine.model, micro)
+            values = response_values(engine.model, micro, packed=self.t.packing, share=self.t.share_prompts)
             per_token, extra = self.value_loss(values, micro.values, micro.returns, micro.action_mask, config=self.a)
             loss = ops.aggregate(per_token, micro.action_mask, "token_mean", token_count=token_count)
             engine.backward(loss * engine.world_size)
-            share = micro.action_mask.sum().item() / token_count
-            add_shares(metrics, {"loss/value": loss.item(), **{f"value/{k}": v.item() * share for k, v in extra.items()}})
-        return metrics, {f"critic/{k}": v for k, v in engine.step().items()}
+            share = micro.action_mask.sum() / token_count
+            shares = {f"value/{k}": torch.as_tensor(v, device=share.device) * share for k, v in extra.items()}
+            add_tensors(totals, {"loss/value": loss, **shares})
+        return {k: v.item() for k, v in totals.items()}, {f"critic/{k}": v for k, v in engine.step().items()}
 
     def save(self, checkpoints: Path, step: int) -> Path:
         return save_checkpoint(checkpoints, step, self.engine, {}, keep=0, name=f"critic_{step:08d}")

@@ -44,28 +44,12 @@ def response_logprobs(model, batch: Batch, temperature: float, *, with_entropy: 
     logits when asked (differentiable only with ``entropy_grad``); 0 on tokens outside
     ``action_mask``.
 
-    The model runs up to its last hidden states; the output head then runs over the action
-    tokens only, a chunk at a time, and under autograd each chunk is recomputed in the
-    backward pass: the [tokens, vocab] float32 logits never exist whole. Samples that share
-    a prompt run it once (``_shared_row_states`` on CUDA, ``_shared_prompt_states`` elsewhere);
-    otherwise ``packed`` runs the samples as one row without their padding (``_packed_states``).
-    ``share=False`` runs every sample's prompt.
+    The model runs up to its last hidden states (``response_states``); the output head then
+    runs over the action tokens only, a chunk at a time, and under autograd each chunk is
+    recomputed in the backward pass: the [tokens, vocab] float32 logits never exist whole.
     """
     index = batch.action_mask.flatten().nonzero().squeeze(-1)
-    row = _row_ready(model)
-    shared = _shared_prompts(batch) if share and not batch.extra and (row or _cache_ready(model)) else None
-    if shared is not None and row:
-        states = _shared_row_states(model, batch, *shared)
-    elif packed and not batch.extra:
-        states = _packed_states(model, batch)
-    elif shared is not None:
-        states = _shared_prompt_states(model, batch, *shared)
-    else:
-        response_len = batch.action_mask.shape[1]
-        last, _ = _final_states(model, input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                                position_ids=model_positions(batch.position_ids), use_cache=False,
-                                **present(batch.extra))
-        states = last[:, -(response_len + 1):-1]  # the states that predict each response token
+    states = response_states(model, batch, packed=packed, share=share)
     head = models.hf_module(model).get_output_embeddings()
     hidden, labels = states.flatten(0, 1).index_select(0, index), batch.responses.flatten()[index]
     logp, entropy = _head_logprobs(head, hidden, labels, temperature, with_entropy, entropy_grad)
@@ -75,6 +59,35 @@ def response_logprobs(model, batch: Batch, temperature: float, *, with_entropy: 
         return values.new_zeros(shape.numel()).index_copy(0, index, values).view(shape)
 
     return scatter(logp), scatter(entropy) if with_entropy else None
+
+
+def response_values(critic, batch: Batch, *, packed: bool = False, share: bool = True) -> torch.Tensor:
+    """The critic's value of the state before each response token, [B, R] in float32 (any
+    finite number outside ``action_mask``), from the states ``response_logprobs`` takes."""
+    states = response_states(critic, batch, packed=packed, share=share)
+    return models.hf_module(critic).score(states).squeeze(-1).float()
+
+
+def response_states(model, batch: Batch, *, packed: bool = False, share: bool = True) -> torch.Tensor:
+    """The last hidden states that predict each response token (the state before it), [B, R, H].
+
+    Samples that share a prompt run it once (``_shared_row_states`` on CUDA,
+    ``_shared_prompt_states`` elsewhere); otherwise ``packed`` runs the samples as one row
+    without their padding (``_packed_states``). ``share=False`` runs every sample's prompt.
+    """
+    row = _row_ready(model)
+    shared = _shared_prompts(batch) if share and not batch.extra and (row or _cache_ready(model)) else None
+    if shared is not None and row:
+        return _shared_row_states(model, batch, *shared)
+    if packed and not batch.extra:
+        return _packed_states(model, batch)
+    if shared is not None:
+        return _shared_prompt_states(model, batch, *shared)
+    response_len = batch.action_mask.shape[1]
+    last, _ = _final_states(model, input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                            position_ids=model_positions(batch.position_ids), use_cache=False,
+                            **present(batch.extra))
+    return last[:, -(response_len + 1):-1]
 
 
 def _shared_prompts(batch: Batch) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -200,15 +213,16 @@ def _packed_states(model, batch: Batch) -> torch.Tensor:
 
 def _final_states(model, **inputs) -> tuple[torch.Tensor, object]:
     """The model's last hidden states (after its final norm) and its output, from one pass
-    through the outermost module (ZeRO-3 adds up gradients only there) with the head on one
-    position.
+    through the outermost module (ZeRO-3 adds up gradients only there), a causal LM's head
+    on one position.
 
     A hook on the decoder stack takes the states, not ``output_hidden_states``: that installs
     transformers' capture hooks in every attention module, whose ``ContextVar`` Dynamo cannot
     trace, so a compiled layer broke into three graphs around its attention.
     """
     module = models.hf_module(model)
-    out, base = models.run_capturing(model, getattr(module, module.base_model_prefix), **inputs, logits_to_keep=1)
+    one = {"logits_to_keep": 1} if module.get_output_embeddings() is not None else {}
+    out, base = models.run_capturing(model, getattr(module, module.base_model_prefix), **inputs, **one)
     return base[0], out
 
 
@@ -327,13 +341,6 @@ class _HeadLogprob(torch.autograd.Function):
             if ctx.needs_input_grad[1]:
                 grad_weight = grad.t() @ h if grad_weight is None else grad_weight.addmm_(grad.t(), h)
         return grad_hidden, grad_weight, None, None, None, None, None
-
-
-def response_values(critic, batch: Batch) -> torch.Tensor:
-    """The critic's value of the state before each response token: [B, R]."""
-    values = models.token_values(critic, batch.input_ids, batch.attention_mask, batch.position_ids)
-    response_len = batch.action_mask.shape[1]
-    return values[:, batch.prompt_len - 1:batch.prompt_len - 1 + response_len].float()
 
 
 def forward_micro_batch(t) -> int:

@@ -11,6 +11,7 @@ from rlx.algorithm import call_with_accepted, check_loss_output
 from rlx.batch import Batch
 from rlx.checkpoint import load_checkpoint, save_checkpoint
 from rlx.engine import make_engine, save_hf
+from rlx.metrics import add_tensors
 from rlx.workers.forward import batched, chunks, forward_micro_batch, response_logprobs
 
 
@@ -60,16 +61,12 @@ class PolicyWorker:
                       "memory/rollout_peak_gib": torch.cuda.max_memory_allocated(device) / 2**30}
             torch.cuda.reset_peak_memory_stats(device)
         agg = dict(token_count=token_count, seq_count=seq_count, max_len=self.r.max_new_tokens)
-        # metrics stay on the device until the step ends: a host read after every micro-batch
-        # would stall the GPU while Python queues the next forward
         totals: dict[str, torch.Tensor] = {}
         # one optimizer step whatever the micro-batches hold: a prompt's samples go together,
         # so that each micro-batch runs its prompts once (forward._shared_prompts)
         batch = batch.select(torch.argsort(batch.group_ids.cpu(), stable=True).tolist())
         for index in chunks(len(batch), self.t.micro_batch_size):
-            for k, v in self._micro_step(batch.select(index), beta, token_count, agg).items():
-                v = v.detach().float()
-                totals[k] = v if k not in totals else (torch.maximum if k.endswith("_max") else torch.add)(totals[k], v)
+            add_tensors(totals, self._micro_step(batch.select(index), beta, token_count, agg))
         update = self.engine.step()
         if device.type == "cuda":  # the update's own peak, then the rollout's is counted afresh
             memory["memory/update_peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
