@@ -223,6 +223,40 @@ def test_zero3_value_model_matches_plain(lora, tmp_path):
     torch.testing.assert_close(zero3_rewards, plain_rewards, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("packed", [False, True])
+def test_zero3_critic_values_match_plain(packed, tmp_path):
+    """A critic's values (``forward.response_values``: its score head run on the states the
+    forward hands back) and their gradients under ZeRO-3, padded and packed."""
+    from rlx.batch import Batch
+    from rlx.workers.forward import response_values
+
+    torch.manual_seed(0)
+    transformers.Qwen2ForCausalLM(_tiny_hf_config(pad_token_id=0)).save_pretrained(tmp_path / "lm")
+    cfg = ModelConfig(path=str(tmp_path / "lm"))
+    ids = torch.randint(1, 64, (4, 9), generator=torch.Generator().manual_seed(0))
+    action = torch.ones(4, 5)
+    action[1, 2:] = 0
+    attention = torch.cat([torch.ones(4, 4, dtype=torch.long), action.long()], 1)
+    batch = Batch(input_ids=ids, attention_mask=attention, position_ids=(attention.cumsum(-1) - 1).clamp(min=0),
+                  action_mask=action, prompt_len=4, rewards=torch.zeros(4), group_ids=torch.arange(4))
+    target = torch.randn(4, 5)
+    results = []
+    for backend in (dict(backend="plain"), dict(backend="deepspeed", zero_stage=3)):
+        torch.manual_seed(0)  # the same fresh score head
+        engine = engines.make_engine(models.load_value_model(cfg, torch.device("cpu")), _cfg(**backend),
+                                     total_steps=2, micro_steps_per_step=2)
+        values = []
+        for part in ([0, 1], [2, 3]):
+            micro = batch.select(part)
+            v = response_values(engine.model, micro, packed=packed)
+            engine.backward((((v - target[part]) * micro.action_mask) ** 2).sum() / 4)
+            values.append(v.detach())
+        results.append((engine.step(), torch.cat(values) * action))
+    (plain, plain_values), (zero3, zero3_values) = results
+    assert zero3["grad_norm"] == pytest.approx(plain["grad_norm"], rel=1e-5) and plain["grad_norm"] > 0
+    torch.testing.assert_close(zero3_values, plain_values, atol=1e-5, rtol=0)
+
+
 TWO_RANKS = textwrap.dedent("""
     import sys
     from pathlib import Path
