@@ -1,0 +1,51 @@
+"""The time each role worker's coarse methods take in an ``rlx train`` run on the local
+launcher: the median over the steps after the first, per method.
+
+    python benchmarks/worker_times.py train --algo ppo [rlx train's options...]
+
+Runs ``rlx`` in this process with the workers' methods wrapped in timers; the run's own
+output and files are as without them.
+"""
+
+from __future__ import annotations
+
+import collections
+import statistics
+import sys
+import time
+
+from rlx.workers.critic import CriticWorker
+from rlx.workers.policy import PolicyWorker
+from rlx.workers.reference import ReferenceWorker
+from rlx.workers.reward import RewardWorker
+from rlx.workers.rollout import RolloutWorker
+
+TIMES: dict[str, list[float]] = collections.defaultdict(list)
+
+
+def timed(cls, name: str) -> None:
+    method = getattr(cls, name)
+
+    def wrapper(self, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            TIMES[f"{cls.__name__}.{name}"].append(time.perf_counter() - start)
+
+    setattr(cls, name, wrapper)
+
+
+if __name__ == "__main__":
+    for cls in (CriticWorker, PolicyWorker, ReferenceWorker, RewardWorker, RolloutWorker):
+        for name in ("generate", "logprobs", "values", "train_step", "score"):
+            if name in vars(cls):
+                timed(cls, name)
+    from rlx_cli import main
+
+    sys.argv = ["rlx", *sys.argv[1:]]
+    try:
+        main()
+    finally:
+        for key, times in TIMES.items():
+            print(f"{key}: {statistics.median(times[1:] or times):.3f} s (median of {len(times[1:] or times)})")
