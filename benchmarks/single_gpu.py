@@ -7,14 +7,16 @@ the same call:
 - log-prob pass: the policy worker's no-grad log-probs over the rollout's batch, tokens/s;
 - GRPO step: ``rlx train --algo grpo`` against TRL's ``GRPOTrainer`` (bf16 weights, no
   gradient checkpointing), each in its own process, with the GPU memory nvidia-smi reports
-  sampled every 0.5 s, and the same run in other settings (``ARMS``).
+  sampled every 0.5 s, and the same run in other settings (``ARMS``);
+- PPO step (``ppo_mb32_lean``): ``rlx train --algo ppo`` on the same workload, its step time
+  and memory alone.
 
 A step's time is the trainer's ``time/step``: everything from taking a rollout (with
 overlap, only the part not hidden behind the last update) to logging the step, as TRL's is
 from one step's end to the next.
 
     python benchmarks/single_gpu.py [--parts rollout,grpo,grpo_awake,grpo_sleep,grpo_lean,grpo_mb32,grpo_mb32_lean,
-                                             grpo_overlap,grpo_overlap_lean,trl]
+                                             grpo_overlap,grpo_overlap_lean,ppo_mb32_lean,trl]
                                     [--steps 4] [--out DIR] [--profile | --timeline]
 
 Prints a table and writes ``single_gpu.json`` to ``--out``; with ``--profile`` each rlx run
@@ -147,8 +149,9 @@ def rollout_part(model_dir: str, data: Path, results: dict) -> None:
     torch.cuda.empty_cache()
 
 
-def rlx_grpo(args: list[str], out: Path, steps: int, profile: Path | None = None, plugin: str = "step_profile") -> dict:
-    cmd = [sys.executable, "-m", "rlx_cli", "train", "--algo", "grpo", *args, "--set", "rollout.max_batch_size=512",
+def rlx_run(algo: str, args: list[str], out: Path, steps: int, profile: Path | None = None,
+            plugin: str = "step_profile") -> dict:
+    cmd = [sys.executable, "-m", "rlx_cli", "train", "--algo", algo, *args, "--set", "rollout.max_batch_size=512",
            "--max-steps", str(steps), "--output", str(out)]
     env = os.environ
     if profile is not None:
@@ -182,8 +185,8 @@ def trl_grpo(model_dir: str, data: Path, steps: int) -> dict:
     return {**found, "median_step_s": statistics.median(found["step_s"][1:]), **memory.summary()}
 
 
-# rlx's GRPO runs besides the defaults (``grpo``), each setting named so that an arm measures
-# the same run whatever the defaults become
+# rlx's runs besides GRPO's defaults (``grpo``), each setting named so that an arm measures
+# the same run whatever the defaults become; an arm's name starts with its algorithm
 ARMS = {
     # the engine's cache and graphs kept through the update (the default before rollout.sleep=auto)
     "grpo_awake": ["rollout.sleep=false", "training.compile_memory=1"],
@@ -200,6 +203,9 @@ ARMS = {
     "grpo_overlap": ["rollout.overlap=true", "algorithm.off_policy_correction=tis", "training.compile_memory=1"],
     "grpo_overlap_lean": ["rollout.overlap=true", "algorithm.off_policy_correction=tis",
                           "training.compile_memory=0.5"],
+    # PPO on the same workload, as grpo_mb32_lean: a critic (values, its update), the
+    # reference's and the old log-probs beside the policy's update; no baseline of its own
+    "ppo_mb32_lean": ["rollout.sleep=true", "training.micro_batch_size=32", "training.compile_memory=0.5"],
 }
 
 
@@ -235,25 +241,28 @@ def main() -> None:
             rollout_part(model_dir, data, results)
             save()
         if "grpo" in parts:
-            results["rlx_grpo"] = rlx_grpo(workload, tmp / "rlx-run", args.steps, *traced("grpo"))
+            results["rlx_grpo"] = rlx_run("grpo", workload, tmp / "rlx-run", args.steps, *traced("grpo"))
             save()
         for name, settings in ARMS.items():
             if name in parts:
                 sets = [a for s in settings for a in ("--set", s)]
-                results[f"rlx_{name}"] = rlx_grpo([*workload, *sets], tmp / name, args.steps, *traced(name))
+                results[f"rlx_{name}"] = rlx_run(name.split("_")[0], [*workload, *sets], tmp / name, args.steps,
+                                                 *traced(name))
                 save()
     print(json.dumps(results, indent=1))
     if "rollout" in results:
         r = results["rollout"]
         print(f"rollout: rlx {r['rlx_tokens_per_s']:,.0f} tok/s vs model.generate {r['hf_generate_tokens_per_s']:,.0f} "
               f"({r['ratio_rlx_over_hf']:.2f}x); log-prob pass {results['logprobs']['tokens_per_s']:,.0f} tok/s")
-    if "trl_grpo" in results:
-        b = results["trl_grpo"]
-        for name, a in results.items():
-            if name.startswith("rlx_grpo"):
-                print(f"GRPO step: {name} {a['median_step_s']:.2f} s, TRL {b['median_step_s']:.2f} s "
-                      f"({b['median_step_s'] / a['median_step_s']:.2f}x); peak GPU memory {a['peak_gib']:.1f} GiB, "
-                      f"TRL {b['peak_gib']:.1f} GiB")
+    b = results.get("trl_grpo")
+    for name, a in results.items():
+        if name.startswith("rlx_grpo") and b is not None:
+            print(f"GRPO step: {name} {a['median_step_s']:.2f} s, TRL {b['median_step_s']:.2f} s "
+                  f"({b['median_step_s'] / a['median_step_s']:.2f}x); peak GPU memory {a['peak_gib']:.1f} GiB, "
+                  f"TRL {b['peak_gib']:.1f} GiB")
+        elif name.startswith("rlx_ppo"):
+            print(f"PPO step: {name} {a['median_step_s']:.2f} s (rollout {statistics.median(a['rollout_s'][1:]):.2f} s, "
+                  f"train {statistics.median(a['train_s'][1:]):.2f} s); peak GPU memory {a['peak_gib']:.1f} GiB")
 
 
 if __name__ == "__main__":
