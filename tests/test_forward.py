@@ -1,5 +1,6 @@
-"""The workers' log-prob path: the output head over action tokens in chunks, with a
-hand-written backward for a plain head, against log_softmax over the full logits."""
+"""The workers' log-prob path (the output head over action tokens in chunks, with a
+hand-written backward for a plain head, against log_softmax over the full logits) and the
+critic's values, on the same states."""
 
 import pytest
 import torch
