@@ -1,5 +1,6 @@
 """The time each role worker's coarse methods take in an ``rlx train`` run on the local
-launcher: the median over the steps after the first, per method.
+launcher: per method, the median of its calls after the first (evaluation's rollouts count
+too: set ``algorithm.eval_size=0`` to time the steps' alone).
 
     python benchmarks/worker_times.py train --algo ppo [rlx train's options...]
 
@@ -14,11 +15,7 @@ import statistics
 import sys
 import time
 
-from rlx.workers.critic import CriticWorker
-from rlx.workers.policy import PolicyWorker
-from rlx.workers.reference import ReferenceWorker
-from rlx.workers.reward import RewardWorker
-from rlx.workers.rollout import RolloutWorker
+from rlx.host_memory import huge_pages_for_large_tensors
 
 TIMES: dict[str, list[float]] = collections.defaultdict(list)
 
@@ -37,6 +34,13 @@ def timed(cls, name: str) -> None:
 
 
 if __name__ == "__main__":
+    huge_pages_for_large_tensors()  # as the rlx command does, before torch is imported
+    from rlx.workers.critic import CriticWorker
+    from rlx.workers.policy import PolicyWorker
+    from rlx.workers.reference import ReferenceWorker
+    from rlx.workers.reward import RewardWorker
+    from rlx.workers.rollout import RolloutWorker
+
     for cls in (CriticWorker, PolicyWorker, ReferenceWorker, RewardWorker, RolloutWorker):
         for name in ("generate", "logprobs", "values", "train_step", "score"):
             if name in vars(cls):

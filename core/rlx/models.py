@@ -488,4 +488,3 @@ def save_pretrained(model, out_dir: str | Path) -> None:
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     model.save_pretrained(out_dir)
-
