@@ -225,12 +225,6 @@ def describe(source: Any) -> str:
     return type(source).__name__
 
 
-def load_image(source: Any, base_dirs: list[Path], fetch=None):
-    """The RGB PIL image of ``source`` (see ``image_file``), decoded whole, so that a
-    truncated or corrupt file fails now."""
-    return _decode(*image_file(source, base_dirs, fetch))
-
-
 def image_file(source: Any, base_dirs: list[Path], fetch=None) -> tuple[bytes, str]:
     """The file bytes of the image ``source`` names, and a name for messages. ``source`` is
     bytes, a ``{"bytes", "path"}`` record, a ``data:`` URI, a path (relative paths are tried

@@ -294,8 +294,3 @@ def get_host(local_plugins: list[str] | tuple[str, ...] = ()) -> Host:
     if _host is None or _host_key != key:
         _host, _host_key = build_host(local_plugins), key
     return _host
-
-
-def reset_host() -> None:
-    global _host, _host_key
-    _host = _host_key = None

@@ -113,7 +113,6 @@ class RayLauncher:
     """
 
     name = "ray"
-    shares_weights = False
 
     def __init__(self, *, address: str = "", num_cpus: int = 8, threads: int = 0, colocate: list[str] = ()):
         ray = _import_ray()
