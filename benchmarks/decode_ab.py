@@ -25,21 +25,19 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from local_overhead import ROOT, current_tree  # noqa: E402
+from local_overhead import ROOT, archive, current_tree  # noqa: E402
 
 SPAN = re.compile(r"^span (\d+): ([\d.]+) ms per step$", re.M)
 
 
 def extract(against: str, into: Path) -> Path:
+    """The other tree: ``against``'s tar extracted, or its revision's files."""
     tree = into / "other"
+    if not Path(against).is_file():
+        return archive(against, tree, "core", "cli", "plugins", "benchmarks")
     tree.mkdir()
-    if Path(against).is_file():
-        with tarfile.open(against) as tar:
-            tar.extractall(tree, filter="data")
-    else:
-        archive = subprocess.run(["git", "-C", str(ROOT), "archive", against, "core", "cli", "plugins", "benchmarks"],
-                                 capture_output=True, check=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    with tarfile.open(against) as tar:
+        tar.extractall(tree, filter="data")
     return tree
 
 

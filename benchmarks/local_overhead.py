@@ -71,14 +71,19 @@ def w1_files(into: Path) -> list[str]:
     return ["--model", str(model_dir), "--data", str(data), *W1]
 
 
+def archive(rev: str, tree: Path, *paths: str) -> Path:
+    """``rev``'s files (those under ``paths``, or all) extracted into a new folder ``tree``."""
+    tree.mkdir()
+    files = subprocess.run(["git", "-C", str(ROOT), "archive", rev, *paths], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=files, check=True)
+    return tree
+
+
 def old_tree(rev: str, into: Path, tree: Path | None = None) -> dict:
     """The environment that imports ``rev``'s rlx and plugins (or those of an extracted
     ``tree``): its tree first on PYTHONPATH."""
     if tree is None:
-        tree = into / "tree"
-        tree.mkdir()
-        archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], capture_output=True, check=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+        tree = archive(rev, into / "tree")
     tree = tree.resolve()  # the runs work in other folders
     packages = into / "packages"
     packages.mkdir()
