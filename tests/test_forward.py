@@ -2,6 +2,7 @@
 hand-written backward for a plain head, against log_softmax over the full logits) and the
 critic's values, on the same states."""
 
+import numpy as np
 import pytest
 import torch
 import transformers
@@ -218,12 +219,28 @@ def test_prompts_run_once_only_where_it_pays_and_the_layers_are_eager():
     with torch.no_grad():
         forward.response_logprobs(model, grouped_batch(n=1), 1.0)  # every prompt distinct
         assert seen == [2 * 11]
-    assert forward._shared_prompts(grouped_batch(n=1)) is None
-    assert forward._shared_prompts(grouped_batch()) is not None and forward._cache_ready(model)
+    distinct, grouped = grouped_batch(n=1), grouped_batch()
+    assert forward._shared_prompts(distinct, forward.Host.of(distinct)) is None
+    assert forward._shared_prompts(grouped, forward.Host.of(grouped)) is not None and forward._cache_ready(model)
     for layer in model.model.layers:
         layer.compile()  # a compiled layer would trace the cache: a row of shared prompts instead, on CUDA
     assert not forward._cache_ready(model)
     assert not forward._row_ready(model)  # on the CPU, where the rows' attention would go segment by segment
+
+
+def test_a_micro_batchs_host_view_is_the_one_its_own_batch_would_copy():
+    """A training step copies the batch's masks and prompts to the host once and lays out
+    each micro-batch from its share of them."""
+    batch = grouped_batch()
+    batch.action_mask[0, 0] = 0  # a token that takes no gradient
+    index = [4, 0, 5]
+    picked, copied = forward.Host.of(batch).select(index), forward.Host.of(batch.select(index))
+    part = batch.select(index)
+    assert np.array_equal(copied.attention, part.attention_mask.numpy() != 0)
+    assert np.array_equal(copied.action, part.action_mask.numpy() != 0) and not copied.action[1, 0]
+    assert np.array_equal(copied.prompts, part.input_ids[:, :5].numpy())
+    for name in ("attention", "action", "prompts"):
+        assert np.array_equal(getattr(picked, name), getattr(copied, name)), name
 
 
 def test_a_row_of_shared_prompts_gives_the_padded_forwards_numbers_and_gradients(monkeypatch):

@@ -288,10 +288,19 @@ class StaticDecoder:
         graph.register_generator_state(generator)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        # thread_local: with overlapped rollouts the update runs (and syncs) in another
-        # thread while this one captures, which the default global mode would forbid
-        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-            self._forward(b, span, params, generator)
+        # Captured on the warm-up stream without torch.cuda.graph's housekeeping, which waits
+        # for the device and empties its cache and the pinned host memory's, for the rollout
+        # and the update to allocate again. thread_local: with overlapped rollouts the update
+        # runs (and syncs) in another thread while this one captures, which the default
+        # global mode would forbid.
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            graph.capture_begin(pool=self._pool, capture_error_mode="thread_local")
+            try:
+                self._forward(b, span, params, generator)
+            finally:
+                graph.capture_end()
+        torch.cuda.current_stream().wait_stream(stream)
         return graph
 
     # -- a batch ------------------------------------------------------------------------

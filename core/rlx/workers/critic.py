@@ -12,7 +12,7 @@ from rlx.batch import Batch
 from rlx.checkpoint import load_checkpoint, save_checkpoint
 from rlx.engine import make_engine, save_hf
 from rlx.metrics import add_tensors
-from rlx.workers.forward import batched, chunks, forward_micro_batch, response_values
+from rlx.workers.forward import Host, batched, chunks, forward_micro_batch, response_values
 from rlx.workers.policy import own_host
 
 
@@ -43,9 +43,11 @@ class CriticWorker:
         totals: dict[str, torch.Tensor] = {}
         # a prompt's samples go together, so that each micro-batch runs its prompts once
         batch = batch.select(torch.argsort(batch.group_ids.cpu(), stable=True).tolist())
+        host = Host.of(batch)  # the micro-batches' layouts, worked out without waiting for the GPU
         for index in chunks(len(batch), self.t.micro_batch_size):
             micro = batch.select(index)
-            values = response_values(engine.model, micro, packed=self.t.packing, share=self.t.share_prompts)
+            values = response_values(engine.model, micro, packed=self.t.packing, share=self.t.share_prompts,
+                                     host=host.select(index))
             per_token, extra = self.value_loss(values, micro.values, micro.returns, micro.action_mask, config=self.a)
             loss = ops.aggregate(per_token, micro.action_mask, "token_mean", token_count=token_count)
             engine.backward(loss * engine.world_size)

@@ -7,7 +7,9 @@ from __future__ import annotations
 import functools
 import random
 from collections.abc import Iterator
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from rlx import logprob_kernels, models, ops, varlen
@@ -30,6 +32,38 @@ def minibatches(batch: Batch, *, epochs: int, size: int, seed: int) -> Iterator[
             yield batch.select(order[start:start + size])
 
 
+@dataclass
+class Host:
+    """A batch's masks and prompt columns on the host: what laying out its forward needs
+    (which tokens are actions, which samples share a prompt, where each goes in a packed
+    row), worked out there without waiting for the GPU. Read from the device, each of a
+    micro-batch's several index tensors was a wait for the GPU's queue to drain, and the
+    GPU idled while the host worked out the next and queued the forward."""
+
+    attention: np.ndarray  # [B, P + R] bool
+    action: np.ndarray  # [B, R] bool
+    prompts: np.ndarray  # [B, P] the prompt columns of input_ids
+
+    @classmethod
+    def of(cls, batch: Batch) -> "Host":
+        """``batch``'s, in one copy from its device."""
+        p, width = batch.prompt_len, batch.input_ids.shape[1]
+        both = torch.cat([batch.attention_mask != 0, batch.action_mask != 0], 1)
+        copied = torch.cat([both.long(), batch.input_ids[:, :p]], 1).cpu().numpy()
+        return cls(copied[:, :width] != 0, copied[:, width:2 * width - p] != 0, copied[:, 2 * width - p:])
+
+    def select(self, index: list[int]) -> "Host":
+        return Host(self.attention[index], self.action[index], self.prompts[index])
+
+
+def _on_device(device: torch.device, *arrays: np.ndarray) -> list[torch.Tensor]:
+    """Host integer arrays as int64 tensors on ``device``, in one copy that does not wait
+    for the GPU."""
+    flat = torch.from_numpy(np.concatenate([a.ravel() for a in arrays]).astype(np.int64))
+    flat = flat.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else flat.to(device)
+    return [t.view(a.shape) for t, a in zip(flat.split([a.size for a in arrays]), arrays)]
+
+
 # tokens whose float32 logits a chunk holds at once: 2^27 elements (512 MiB) of them
 _CHUNK_ELEMENTS = 1 << 27
 # Off CUDA, a pass whose probabilities take at most 2^24 float32 elements (64 MiB) keeps
@@ -39,17 +73,18 @@ _KEEP_ELEMENTS = 1 << 24
 
 
 def response_logprobs(model, batch: Batch, temperature: float, *, with_entropy: bool = False,
-                      entropy_grad: bool = False, packed: bool = False, share: bool = True):
+                      entropy_grad: bool = False, packed: bool = False, share: bool = True, host: Host | None = None):
     """log softmax(z / T) of each response token [B, R], and the entropy of the untempered
     logits when asked (differentiable only with ``entropy_grad``); 0 on tokens outside
-    ``action_mask``.
+    ``action_mask``. ``host``: the batch's ``Host`` when the caller has it already.
 
     The model runs up to its last hidden states (``response_states``); the output head then
     runs over the action tokens only, a chunk at a time, and under autograd each chunk is
     recomputed in the backward pass: the [tokens, vocab] float32 logits never exist whole.
     """
-    index = batch.action_mask.flatten().nonzero().squeeze(-1)
-    states = response_states(model, batch, packed=packed, share=share)
+    host = host or Host.of(batch)
+    index, = _on_device(batch.input_ids.device, np.flatnonzero(host.action))
+    states = response_states(model, batch, packed=packed, share=share, host=host)
     head = models.hf_module(model).get_output_embeddings()
     hidden, labels = states.flatten(0, 1).index_select(0, index), batch.responses.flatten()[index]
     logp, entropy = _head_logprobs(head, hidden, labels, temperature, with_entropy, entropy_grad)
@@ -61,14 +96,16 @@ def response_logprobs(model, batch: Batch, temperature: float, *, with_entropy: 
     return scatter(logp), scatter(entropy) if with_entropy else None
 
 
-def response_values(critic, batch: Batch, *, packed: bool = False, share: bool = True) -> torch.Tensor:
+def response_values(critic, batch: Batch, *, packed: bool = False, share: bool = True,
+                    host: Host | None = None) -> torch.Tensor:
     """The critic's value of the state before each response token, [B, R] in float32 (any
     finite number outside ``action_mask``), from the states ``response_logprobs`` takes."""
-    states = response_states(critic, batch, packed=packed, share=share)
+    states = response_states(critic, batch, packed=packed, share=share, host=host)
     return models.hf_module(critic).score(states).squeeze(-1).float()
 
 
-def response_states(model, batch: Batch, *, packed: bool = False, share: bool = True) -> torch.Tensor:
+def response_states(model, batch: Batch, *, packed: bool = False, share: bool = True,
+                    host: Host | None = None) -> torch.Tensor:
     """The last hidden states that predict each response token (the state before it), [B, R, H].
 
     Samples that share a prompt run it once (``_shared_row_states`` on CUDA,
@@ -76,13 +113,16 @@ def response_states(model, batch: Batch, *, packed: bool = False, share: bool = 
     without their padding (``_packed_states``). ``share=False`` runs every sample's prompt.
     """
     row = _row_ready(model)
-    shared = _shared_prompts(batch) if share and not batch.extra and (row or _cache_ready(model)) else None
+    shared = None
+    if share and not batch.extra and (row or _cache_ready(model)):
+        host = host or Host.of(batch)
+        shared = _shared_prompts(batch, host)
     if shared is not None and row:
-        return _shared_row_states(model, batch, *shared)
+        return _shared_row_states(model, batch, host, *shared)
     if packed and not batch.extra:
         return _packed_states(model, batch)
     if shared is not None:
-        return _shared_prompt_states(model, batch, *shared)
+        return _shared_prompt_states(model, batch, *_on_device(batch.input_ids.device, *shared))
     response_len = batch.action_mask.shape[1]
     last, _ = _final_states(model, input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                             position_ids=model_positions(batch.position_ids), use_cache=False,
@@ -90,20 +130,17 @@ def response_states(model, batch: Batch, *, packed: bool = False, share: bool = 
     return last[:, -(response_len + 1):-1]
 
 
-def _shared_prompts(batch: Batch) -> tuple[torch.Tensor, torch.Tensor] | None:
+def _shared_prompts(batch: Batch, host: Host) -> tuple[np.ndarray, np.ndarray] | None:
     """(the first row of each distinct prompt, each row's prompt among them) when a batch's
     samples share prompts enough to pay (at most half as many prompts as rows, the n samples
     of a GRPO group) and its positions are plain text ones. None otherwise."""
     if batch.position_ids is None or batch.position_ids.dim() != 2:
         return None
-    p = batch.prompt_len
-    prompts = torch.cat([batch.input_ids[:, :p], batch.attention_mask[:, :p]], 1)
-    unique, inverse = torch.unique(prompts, dim=0, return_inverse=True)
-    if 2 * len(unique) > len(batch):
+    prompts = np.concatenate([host.prompts, host.attention[:, :batch.prompt_len]], 1)
+    _, first, inverse = np.unique(prompts, axis=0, return_index=True, return_inverse=True)
+    if 2 * len(first) > len(batch):
         return None
-    rows = torch.arange(len(batch), device=inverse.device)
-    first = torch.full((len(unique),), len(batch), device=inverse.device).scatter_reduce(0, inverse, rows, "amin")
-    return first, inverse
+    return first, inverse.ravel()
 
 
 def _row_ready(model) -> bool:
@@ -144,7 +181,7 @@ def _shared_prompt_states(model, batch: Batch, first: torch.Tensor, inverse: tor
     return torch.cat([first_state, rest[:, :response_len - 1]], 1)
 
 
-def _shared_row_states(model, batch: Batch, first: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
+def _shared_row_states(model, batch: Batch, host: Host, first: np.ndarray, inverse: np.ndarray) -> torch.Tensor:
     """``response_logprobs``'s states from one forward over a packed row that holds each
     distinct prompt once, followed by the responses of its samples, none of the padding.
 
@@ -152,44 +189,49 @@ def _shared_row_states(model, batch: Batch, first: torch.Tensor, inverse: torch.
     by ``key_index`` for the variable-length flash kernel), so the numbers are those of one
     forward over each prompt and response, and the prompts' gradients add up over their
     samples. Unlike ``_shared_prompt_states`` this is one forward: compiled layers, gradient
-    checkpointing and ZeRO-3 take it.
+    checkpointing and ZeRO-3 take it. The row's layout is worked out on the host.
     """
-    rows, width = batch.input_ids.shape
-    p, device = batch.prompt_len, batch.input_ids.device
-    carries = torch.zeros(rows, dtype=torch.bool, device=device)
+    rows, width = host.attention.shape
+    p = batch.prompt_len
+    carries = np.zeros(rows, bool)
     carries[first] = True  # the row that brings its prompt into the packed row
     # a prompt's samples side by side, the one that carries it first
-    order = torch.argsort(inverse * rows + torch.arange(rows, device=device))
-    keep = batch.attention_mask != 0
+    order = np.argsort(inverse * rows + np.arange(rows))
+    keep = host.attention.copy()
     keep[:, :p] &= carries[:, None]
     keep = keep[order]
-    ids, positions = batch.input_ids[order][keep], batch.position_ids[order][keep]
-    row = torch.arange(rows, device=device)[:, None].expand(rows, width)[keep]
-    prompt = torch.arange(width, device=device).expand(rows, width)[keep] < p
+    taken = (order[:, None] * width + np.arange(width))[keep]  # the packed row's tokens in the flat batch
+    row = np.broadcast_to(np.arange(rows)[:, None], keep.shape)[keep]
+    prompt = np.broadcast_to(np.arange(width) < p, keep.shape)[keep]
     # segments: each prompt, each response; a response's keys are its prompt's, then its own
-    docs, lengths = torch.unique_consecutive(2 * row + ~prompt, return_counts=True)
-    starts = lengths.cumsum(0) - lengths
+    segment = 2 * row + ~prompt
+    starts = np.flatnonzero(np.diff(segment, prepend=-1))
+    lengths = np.diff(starts, append=len(segment))
+    docs = segment[starts]
     group, is_prompt = inverse[order][docs // 2], docs % 2 == 0
-    prompt_start, prompt_len = lengths.new_zeros(len(first)), lengths.new_zeros(len(first))
+    prompt_start, prompt_len = np.zeros(len(first), np.int64), np.zeros(len(first), np.int64)
     prompt_start[group[is_prompt]], prompt_len[group[is_prompt]] = starts[is_prompt], lengths[is_prompt]
-    before = torch.where(is_prompt, 0, prompt_len[group])
-    run_starts = torch.stack([prompt_start[group], starts], 1).flatten()
-    run_lengths = torch.stack([before, lengths], 1).flatten()
-    run_offsets = run_lengths.cumsum(0) - run_lengths
-    total = int(run_lengths.sum())
-    key_index = (run_starts - run_offsets).repeat_interleave(run_lengths, output_size=total) \
-        + torch.arange(total, device=device)
-    zero = lengths.new_zeros(1)
-    last, _ = _final_states(model, input_ids=ids[None], position_ids=positions[None], use_cache=False,
-                            key_index=key_index, cu_seq_lens_q=torch.cat([zero, lengths.cumsum(0)]).int(),
-                            cu_seq_lens_k=torch.cat([zero, (before + lengths).cumsum(0)]).int(),
-                            max_length_q=int(lengths.max()), max_length_k=int((before + lengths).max()))
+    before = np.where(is_prompt, 0, prompt_len[group])
+    run_starts = np.stack([prompt_start[group], starts], 1).ravel()
+    run_lengths = np.stack([before, lengths], 1).ravel()
+    run_offsets = run_lengths.cumsum() - run_lengths
+    key_index = np.repeat(run_starts - run_offsets, run_lengths) + np.arange(run_lengths.sum())
     # each (row, column)'s place in the packed row; a sample's prompt columns are its carrier's
-    place = torch.full((rows, width), -1, dtype=torch.long, device=device)
-    place[order] = place[order].masked_scatter(keep, torch.arange(len(ids), device=device))
+    place = np.full((rows, width), -1)
+    placed = np.full((rows, width), -1)
+    placed[keep] = np.arange(len(taken))
+    place[order] = placed
     place[:, :p] = place[first[inverse], :p]
     # a response token is predicted from the place before; padding columns point anywhere valid
-    return last[0][place[:, p - 1:width - 1].clamp(min=0)]
+    before_token = place[:, p - 1:width - 1].clip(min=0)
+    taken, key_index, cu_q, cu_k, before_token = _on_device(
+        batch.input_ids.device, taken, key_index, np.concatenate([[0], lengths.cumsum()]),
+        np.concatenate([[0], (before + lengths).cumsum()]), before_token)
+    last, _ = _final_states(model, input_ids=batch.input_ids.flatten()[taken][None],
+                            position_ids=batch.position_ids.flatten()[taken][None], use_cache=False,
+                            key_index=key_index, cu_seq_lens_q=cu_q.int(), cu_seq_lens_k=cu_k.int(),
+                            max_length_q=int(lengths.max()), max_length_k=int((before + lengths).max()))
+    return last[0][before_token]
 
 
 def _packed_states(model, batch: Batch) -> torch.Tensor:

@@ -12,7 +12,7 @@ from rlx.batch import Batch
 from rlx.checkpoint import load_checkpoint, save_checkpoint
 from rlx.engine import make_engine, save_hf
 from rlx.metrics import add_tensors
-from rlx.workers.forward import batched, chunks, forward_micro_batch, response_logprobs
+from rlx.workers.forward import Host, batched, chunks, forward_micro_batch, response_logprobs
 
 
 class PolicyWorker:
@@ -65,8 +65,9 @@ class PolicyWorker:
         # one optimizer step whatever the micro-batches hold: a prompt's samples go together,
         # so that each micro-batch runs its prompts once (forward._shared_prompts)
         batch = batch.select(torch.argsort(batch.group_ids.cpu(), stable=True).tolist())
+        host = Host.of(batch)  # the micro-batches' layouts, worked out without waiting for the GPU
         for index in chunks(len(batch), self.t.micro_batch_size):
-            add_tensors(totals, self._micro_step(batch.select(index), beta, token_count, agg))
+            add_tensors(totals, self._micro_step(batch.select(index), host.select(index), beta, token_count, agg))
         update = self.engine.step()
         if device.type == "cuda":  # the update's own peak, then the rollout's is counted afresh
             memory["memory/update_peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
@@ -75,11 +76,11 @@ class PolicyWorker:
         update.update(memory)
         return {k: v.item() for k, v in totals.items()}, update
 
-    def _micro_step(self, micro: Batch, beta: float, tokens: float, agg: dict) -> dict[str, torch.Tensor]:
+    def _micro_step(self, micro: Batch, host: Host, beta: float, tokens: float, agg: dict) -> dict[str, torch.Tensor]:
         a, engine, mask = self.a, self.engine, micro.action_mask
         logp, entropy = response_logprobs(engine.model, micro, self.r.temperature, with_entropy=True,
                                           entropy_grad=bool(a.entropy_coef), packed=self.t.packing,
-                                          share=self.t.share_prompts)
+                                          share=self.t.share_prompts, host=host)
         share = mask.sum() / tokens
         measured = {}
         old_logp = micro.old_logp
