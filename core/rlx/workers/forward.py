@@ -137,10 +137,11 @@ def _shared_prompts(batch: Batch, host: Host) -> tuple[np.ndarray, np.ndarray] |
     if batch.position_ids is None or batch.position_ids.dim() != 2:
         return None
     prompts = np.concatenate([host.prompts, host.attention[:, :batch.prompt_len]], 1)
-    _, first, inverse = np.unique(prompts, axis=0, return_index=True, return_inverse=True)
-    if 2 * len(first) > len(batch):
+    labels: dict[bytes, int] = {}  # each distinct prompt's number, in order of first appearance
+    inverse = np.array([labels.setdefault(row.tobytes(), len(labels)) for row in prompts], np.int64)
+    if 2 * len(labels) > len(batch):
         return None
-    return first, inverse.ravel()
+    return np.unique(inverse, return_index=True)[1], inverse
 
 
 def _row_ready(model) -> bool:
