@@ -137,10 +137,13 @@ def _shared_prompts(batch: Batch, host: Host) -> tuple[np.ndarray, np.ndarray] |
     if batch.position_ids is None or batch.position_ids.dim() != 2:
         return None
     prompts = np.concatenate([host.prompts, host.attention[:, :batch.prompt_len]], 1)
-    labels: dict[bytes, int] = {}  # each distinct prompt's number, in order of first appearance
-    inverse = np.array([labels.setdefault(row.tobytes(), len(labels)) for row in prompts], np.int64)
+    keys = [row.tobytes() for row in prompts]
+    # numbered in an order of their own, not the batch's: the prompts' pass then adds up the
+    # same rows in the same order however the batch came (np.unique over rows: 10x slower)
+    labels = {key: i for i, key in enumerate(sorted(set(keys)))}
     if 2 * len(labels) > len(batch):
         return None
+    inverse = np.fromiter((labels[key] for key in keys), np.int64, len(keys))
     return np.unique(inverse, return_index=True)[1], inverse
 
 
