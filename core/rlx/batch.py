@@ -55,7 +55,7 @@ class Batch:
 
         def pick(value: torch.Tensor) -> torch.Tensor:
             if value.device not in placed:
-                placed[value.device] = _on_device(index, value.device)
+                placed[value.device], = on_device(value.device, index)
             return value[placed[value.device]]
 
         picked = {name: pick(value) for name, value in self._tensors().items()}
@@ -99,15 +99,17 @@ class Batch:
         return self.input_ids[:, self.prompt_len:]
 
 
-def _on_device(index: list[int] | torch.Tensor, device: torch.device) -> torch.Tensor:
-    """``index`` as a tensor on ``device``, copied there without waiting for the GPU. A host
-    index makes each tensor it indexes copy it over first, a copy that waits for the GPU's
-    queue to drain: once per tensor of every micro-batch, the GPU idling each time while the
-    host queued the next forward."""
-    index = torch.as_tensor(index, dtype=torch.long)
-    if device.type == "cuda" and index.device.type == "cpu":
-        return index.pin_memory().to(device, non_blocking=True)
-    return index.to(device)
+def on_device(device: torch.device, *indices) -> list[torch.Tensor]:
+    """Integer indices (lists, numpy arrays or tensors) as int64 tensors on ``device``; from
+    the host to a GPU in one copy that does not wait for it. A host index makes each tensor
+    it indexes copy it over first, a copy that waits for the GPU's queue to drain: once per
+    tensor of every micro-batch, the GPU idling each time while the host queued the next
+    forward."""
+    parts = [torch.as_tensor(i, dtype=torch.long) for i in indices]
+    if device.type != "cuda" or any(p.device.type != "cpu" for p in parts):
+        return [p.to(device) for p in parts]
+    flat = torch.cat([p.flatten() for p in parts]).pin_memory().to(device, non_blocking=True)
+    return [t.view(p.shape) for t, p in zip(flat.split([p.numel() for p in parts]), parts)]
 
 
 def _ragged_select(values: torch.Tensor, rows: torch.Tensor, index: list[int] | torch.Tensor) -> torch.Tensor:

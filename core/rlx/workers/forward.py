@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from rlx import logprob_kernels, models, ops, varlen
-from rlx.batch import Batch
+from rlx.batch import Batch, on_device
 from rlx.multimodal import model_positions, present
 
 
@@ -56,14 +56,6 @@ class Host:
         return Host(self.attention[index], self.action[index], self.prompts[index])
 
 
-def _on_device(device: torch.device, *arrays: np.ndarray) -> list[torch.Tensor]:
-    """Host integer arrays as int64 tensors on ``device``, in one copy that does not wait
-    for the GPU."""
-    flat = torch.from_numpy(np.concatenate([a.ravel() for a in arrays]).astype(np.int64))
-    flat = flat.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else flat.to(device)
-    return [t.view(a.shape) for t, a in zip(flat.split([a.size for a in arrays]), arrays)]
-
-
 # tokens whose float32 logits a chunk holds at once: 2^27 elements (512 MiB) of them
 _CHUNK_ELEMENTS = 1 << 27
 # Off CUDA, a pass whose probabilities take at most 2^24 float32 elements (64 MiB) keeps
@@ -83,7 +75,7 @@ def response_logprobs(model, batch: Batch, temperature: float, *, with_entropy: 
     recomputed in the backward pass: the [tokens, vocab] float32 logits never exist whole.
     """
     host = host or Host.of(batch)
-    index, = _on_device(batch.input_ids.device, np.flatnonzero(host.action))
+    index, = on_device(batch.input_ids.device, np.flatnonzero(host.action))
     states = response_states(model, batch, packed=packed, share=share, host=host)
     head = models.hf_module(model).get_output_embeddings()
     hidden, labels = states.flatten(0, 1).index_select(0, index), batch.responses.flatten()[index]
@@ -122,7 +114,7 @@ def response_states(model, batch: Batch, *, packed: bool = False, share: bool = 
     if packed and not batch.extra:
         return _packed_states(model, batch)
     if shared is not None:
-        return _shared_prompt_states(model, batch, *_on_device(batch.input_ids.device, *shared))
+        return _shared_prompt_states(model, batch, *on_device(batch.input_ids.device, *shared))
     response_len = batch.action_mask.shape[1]
     last, _ = _final_states(model, input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                             position_ids=model_positions(batch.position_ids), use_cache=False,
@@ -228,7 +220,7 @@ def _shared_row_states(model, batch: Batch, host: Host, first: np.ndarray, inver
     place[:, :p] = place[first[inverse], :p]
     # a response token is predicted from the place before; padding columns point anywhere valid
     before_token = place[:, p - 1:width - 1].clip(min=0)
-    taken, key_index, cu_q, cu_k, before_token = _on_device(
+    taken, key_index, cu_q, cu_k, before_token = on_device(
         batch.input_ids.device, taken, key_index, np.concatenate([[0], lengths.cumsum()]),
         np.concatenate([[0], (before + lengths).cumsum()]), before_token)
     last, _ = _final_states(model, input_ids=batch.input_ids.flatten()[taken][None],
