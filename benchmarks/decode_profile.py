@@ -13,13 +13,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from local_overhead import w1_files  # noqa: E402
+from local_overhead import w1_engine  # noqa: E402
 
 def step_ms(dec, span: int, params) -> float:
     """Median over 5 rounds of 20 replays of one step at ``span`` columns."""
@@ -54,17 +53,8 @@ def main() -> None:
         decode_attention.samples_per_tile = lambda groups, head_dim: 1
 
     from torch.profiler import ProfilerActivity, profile
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlx.rollout import NativeEngine, SamplingParams
-
-    with tempfile.TemporaryDirectory() as tmp:
-        model_dir = w1_files(Path(tmp))[1]
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16, attn_implementation="sdpa").cuda()
-    prompts = [[(7 * i + j) % 1000 + 10 for j in range(128)] for i in range(64)]
-    params = SamplingParams(n=8, max_new_tokens=512, seed=0)
-    engine = NativeEngine(model, tokenizer, max_batch_size=512)
+    engine, prompts, params = w1_engine()
     engine.generate(prompts, params)
     dec = engine.static
     results = {}

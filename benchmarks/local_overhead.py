@@ -71,6 +71,24 @@ def w1_files(into: Path) -> list[str]:
     return ["--model", str(model_dir), "--data", str(data), *W1]
 
 
+def w1_engine():
+    """The native engine over the W1 model on the GPU (batch 512), W1's 64 prompts of 128
+    token ids and its sampling: 8 samples of 512 tokens, seeded."""
+    import tempfile
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlx.rollout import NativeEngine, SamplingParams
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = w1_files(Path(tmp))[1]
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16, attn_implementation="sdpa").cuda()
+    prompts = [[(7 * i + j) % 1000 + 10 for j in range(128)] for i in range(64)]
+    return NativeEngine(model, tokenizer, max_batch_size=512), prompts, SamplingParams(n=8, max_new_tokens=512, seed=0)
+
+
 def archive(rev: str, tree: Path, *paths: str) -> Path:
     """``rev``'s files (those under ``paths``, or all) extracted into a new folder ``tree``."""
     tree.mkdir()
