@@ -190,6 +190,75 @@ def test_sleep_frees_the_cache_and_the_next_rollout_is_the_same(tokenizer, promp
     assert [lp for c in again for lp in c.logprobs] == pytest.approx([lp for c in first for lp in c.logprobs])
 
 
+class CpuRemappable:
+    """``remap.Remappable`` on the CPU for the decoder's side of it: ``unmap`` leaves NaN
+    where the memory was (its contents are lost), ``map`` zeroes it unless told not to."""
+
+    made = []
+
+    def __init__(self, device, specs):
+        self.tensors = [torch.zeros(shape, dtype=dtype) for shape, dtype in specs]
+        self.mapped, self.closed = True, False
+        CpuRemappable.made.append(self)
+
+    def map(self, zero=True):
+        if self.mapped:
+            return False
+        if zero:
+            for t in self.tensors:
+                t.zero_()
+        self.mapped = True
+        return True
+
+    def unmap(self):
+        with torch.inference_mode():  # the tensors were made in a rollout's
+            for t in self.tensors:
+                t.fill_(float("nan"))
+        self.mapped = False
+
+    def close(self):
+        self.closed = True
+
+
+def test_sleep_over_remappable_memory_keeps_the_buffers_and_the_next_rollout_is_the_same(
+        tokenizer, prompts, monkeypatch):  # noqa: F811
+    """Where the cache's addresses outlive its memory (CUDA's virtual memory), ``sleep``
+    hands the memory back and keeps every buffer (the graphs that read them stay valid); the
+    next rollout maps fresh memory and decodes as a fresh engine does, whatever the memory
+    held, and the stacked projections are filled again."""
+    from rlx.engines import static_decode
+
+    monkeypatch.setattr(static_decode.remap, "Remappable", CpuRemappable)
+    CpuRemappable.made.clear()
+    fast, _ = engines(make_model(), tokenizer)
+    fast.static.remappable = True
+    params = SamplingParams(n=3, max_new_tokens=10, seed=5)
+    first = fast.generate(prompts, params)
+    cache, projections = CpuRemappable.made
+    keys = [k.data_ptr() for k in fast.static.keys]
+    assert keys == [t.data_ptr() for t in cache.tensors[:len(keys)]]
+    assert fast.static._projections[0][0].data_ptr() == projections.tensors[0].data_ptr()
+    fast.sleep()
+    assert not cache.mapped and not projections.mapped and fast.static.rows > 0
+    again = fast.generate(prompts, params)
+    assert cache.mapped and projections.mapped and len(CpuRemappable.made) == 2
+    assert [k.data_ptr() for k in fast.static.keys] == keys
+    assert [c.token_ids for c in again] == [c.token_ids for c in first]
+    assert [lp for c in again for lp in c.logprobs] == pytest.approx([lp for c in first for lp in c.logprobs])
+    fresh, _ = engines(make_model(), tokenizer)
+    assert [c.token_ids for c in fresh.generate(prompts, params)] == [c.token_ids for c in first]
+    fast.static.release()
+    assert cache.closed and projections.closed and not hasattr(fast.static, "keys")
+
+
+def test_remappable_tensors_are_laid_out_aligned():
+    from rlx.engines import remap
+
+    offsets, size = remap.layout([((3, 5), torch.bfloat16), ((7,), torch.float32), ((2, 2), torch.int64)])
+    assert offsets == [0, 256, 512] and size == 768
+    assert not remap.supported(torch.device("cpu"))
+
+
 def test_the_first_remaining_slot_of_a_prompt_leads_its_samples():
     """The attention kernel reads a prompt's columns once for the slots its first
     remaining slot lists (row r is a sample of prompt r // n), a tile's worth at a time;
@@ -318,7 +387,7 @@ def test_a_stacked_gate_and_up_projection_gives_the_mlps_output(monkeypatch):
 
     model = make_model()
     layers = list(model.model.layers)
-    stacked = static_decode._stacked_gate_ups(layers)
+    stacked = [torch.empty(shape) for shape in static_decode._gate_up_shapes(layers)]
     x, attended = torch.randn(5, 1, 64), torch.randn(5, 1, 64)
     with torch.no_grad():
         for layer, gate_up in zip(layers, stacked):
@@ -326,8 +395,8 @@ def test_a_stacked_gate_and_up_projection_gives_the_mlps_output(monkeypatch):
             torch.testing.assert_close(sum(static_decode._mlp(layer, x, attended, gate_up)),
                                        sum(static_decode._mlp(layer, x, attended)), rtol=1e-5, atol=1e-5)
     monkeypatch.setattr(static_decode, "GATE_UP_BYTES", sum(2 * layer.mlp.gate_proj.weight.nbytes for layer in layers) - 1)
-    assert static_decode._stacked_gate_ups(layers) == [None] * len(layers)
+    assert static_decode._gate_up_shapes(layers) == [None] * len(layers)
     peft = pytest.importorskip("peft")
     lora = peft.get_peft_model(make_model(), peft.LoraConfig(r=4, target_modules=["up_proj"]))
     monkeypatch.setattr(static_decode, "GATE_UP_BYTES", 1 << 30)
-    assert static_decode._stacked_gate_ups(list(lora.base_model.model.model.layers)) == [None] * len(layers)
+    assert static_decode._gate_up_shapes(list(lora.base_model.model.model.layers)) == [None] * len(layers)

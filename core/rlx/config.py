@@ -150,8 +150,9 @@ class RolloutConfig:
     enable_prefix_caching: bool = opt(True, "vllm: reuse the KV cache of shared prompt prefixes (reset after each sync)")
     sleep: bool | Literal["auto"] = opt(
         "auto", "free the rollout engines' memory while the policy trains: vLLM's on GPUs (no sleep mode on CPUs), "
-                "the native engine's KV cache and CUDA graphs; auto: when the native engine samples on the trainer's "
-                "GPU with its module (the local launcher, no overlap)")
+                "the native engine's KV cache (its CUDA graphs kept where the driver can map memory again at the same "
+                "addresses); auto: when the native engine samples on the trainer's GPU with its module (the local "
+                "launcher, no overlap)")
     overlap: bool = opt(False, "generate the next step's rollout while the policy trains on this one's (needs "
                                "algorithm.off_policy_correction: samples come from an earlier policy)")
     max_staleness: int = opt(1, "with overlap: the most policy updates a sample's weights (its oldest token's) "

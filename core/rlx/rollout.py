@@ -120,10 +120,11 @@ class NativeEngine(RolloutEngine):
             else None
 
     def sleep(self) -> None:
-        """Free the decode loop's KV cache and CUDA graphs while the policy trains: the
-        next rollout allocates them and captures its graphs again."""
+        """Free the decode loop's KV cache while the policy trains. Its CUDA graphs stay where
+        the cache's addresses can be kept (``rlx.engines.remap``); else they go too, and the
+        next rollout captures them again."""
         if self.static is not None:
-            self.static.release()
+            self.static.sleep()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 

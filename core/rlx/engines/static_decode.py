@@ -27,6 +27,7 @@ axis, so the decode step passes one position three times.
 from __future__ import annotations
 
 import sys
+import warnings
 from typing import Any
 
 import numpy as np
@@ -34,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from rlx import models
-from rlx.engines import decode_attention, draw
+from rlx.engines import decode_attention, draw, remap
 
 ARCHITECTURES = {"llama", "qwen2", "qwen3", "mistral", "qwen2_vl", "qwen2_5_vl"}
 GATE_UP_BYTES = 1 << 30  # the most the decode step's stacked gate and up projections may copy
@@ -90,6 +91,10 @@ class StaticDecoder:
         self.keys_transposed = device.type == "cpu"
         self._projections = None
         self._gate_ups = None
+        # Under graphs, the cache and stacked projections at addresses that outlive their
+        # memory where the driver allows (``remap``): ``sleep`` then keeps the graphs
+        self.remappable = self.graphs and remap.supported(device)
+        self._cache_memory = self._projection_memory = None
 
     # -- buffers ------------------------------------------------------------------------
 
@@ -97,15 +102,19 @@ class StaticDecoder:
         """The cache and step state, kept between calls while they are large enough (a
         captured graph holds their addresses)."""
         if rows <= self.rows and length <= self.length:
+            if self._cache_memory is not None:
+                self._cache_memory.map()  # after ``sleep``: zeroed memory at the graphs' addresses
             return
         self.rows, self.length = max(rows, self.rows), max(length, self.length)
         self._graphs.clear()
         self._pool = None  # a pool outlives the graphs captured into it only with their memory
+        self._cache_memory = _close(self._cache_memory)
         shape = (self.rows, self.kv_heads, self.length, self.head_dim)
         on = dict(device=self.device)
         key_shape = (*shape[:2], self.head_dim, self.length) if self.keys_transposed else shape
-        self.keys = [torch.zeros(key_shape, dtype=dtype, **on) for _ in self.layers]
-        self.values = [torch.zeros(shape, dtype=dtype, **on) for _ in self.layers]
+        layers = len(self.layers)
+        self._cache_memory, cache = self._buffers([(key_shape, dtype)] * layers + [(shape, dtype)] * layers)
+        self.keys, self.values = cache[:layers], cache[layers:]
         self.valid = torch.zeros(self.rows, self.length, dtype=torch.bool, **on)  # prompt padding is False
         self.columns = torch.arange(self.length, **on)
         self.slots = torch.arange(self.rows, **on)
@@ -132,7 +141,9 @@ class StaticDecoder:
         trains its weights in between, into the same buffers, which a captured graph reads.
         Layers whose projections are not plain linear layers (LoRA-wrapped) keep theirs."""
         if self._projections is None:
-            self._projections = [_stacked(layer.self_attn) for layer in self.layers]
+            self._stack_buffers()
+        elif self._projection_memory is not None:
+            self._projection_memory.map(zero=False)  # after ``sleep``: filled below
         for layer, stacked in zip(self.layers, self._projections):
             if stacked is not None:
                 attn = layer.self_attn
@@ -141,12 +152,49 @@ class StaticDecoder:
                     torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight], out=weight)
                     if bias is not None:
                         torch.cat([_bias(attn.q_proj), _bias(attn.k_proj), _bias(attn.v_proj)], out=bias)
-        if self._gate_ups is None:
-            self._gate_ups = _stacked_gate_ups(self.layers) if self.graphs else [None] * len(self.layers)
         for layer, gate_up in zip(self.layers, self._gate_ups):
             if gate_up is not None:
                 with torch.no_grad():
                     torch.cat([layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight], out=gate_up)
+
+    def _stack_buffers(self) -> None:
+        """Empty buffers for each layer's stacked projections (``_stacked_shapes``), and under
+        graphs its stacked gate and up projections (``_gate_up_shapes``)."""
+        stacked = [_stacked_shapes(layer.self_attn) for layer in self.layers]
+        gate_ups = _gate_up_shapes(self.layers) if self.graphs else [None] * len(self.layers)
+        specs = [(shape, layer.self_attn.q_proj.weight.dtype)
+                 for layer, pair in zip(self.layers, stacked) if pair for shape in pair if shape]
+        specs += [(shape, layer.mlp.gate_proj.weight.dtype) for layer, shape in zip(self.layers, gate_ups) if shape]
+        self._projection_memory, buffers = self._buffers(specs, zeroed=False)
+        buffers = iter(buffers)
+        self._projections = [None if pair is None else tuple(shape and next(buffers) for shape in pair)
+                             for pair in stacked]
+        self._gate_ups = [shape and next(buffers) for shape in gate_ups]
+
+    def _buffers(self, specs, zeroed: bool = True) -> tuple[remap.Remappable | None, list[torch.Tensor]]:
+        """Tensors of ``specs`` (shape, dtype): at remappable addresses when the decoder's are
+        (with the memory that holds them), else from PyTorch's allocator."""
+        if self.remappable and specs:
+            try:
+                memory = remap.Remappable(self.device, specs)
+                return memory, memory.tensors
+            except (RuntimeError, TypeError) as error:  # a driver that refuses: graphs captured each rollout
+                warnings.warn(f"the decode cache's addresses cannot be kept through rollout.sleep ({error})")
+                self.remappable = False
+        make = torch.zeros if zeroed else torch.empty
+        return None, [make(shape, dtype=dtype, device=self.device) for shape, dtype in specs]
+
+    def sleep(self) -> bool:
+        """Hand the cache and the stacked projections back while the policy trains. Where
+        they are remappable the graphs stay, to replay over new memory at the same addresses
+        (True); else everything goes, as in ``release`` (False)."""
+        if self._cache_memory is None:
+            self.release()
+            return False
+        self._cache_memory.unmap()
+        if self._projection_memory is not None:
+            self._projection_memory.unmap()
+        return True
 
     def release(self) -> None:
         """Drop the cache, step state, stacked projections and graphs; the next ``run``
@@ -158,6 +206,7 @@ class StaticDecoder:
         for name in ("keys", "values", "valid", "columns", "slots", "token", "position", "column", "width", "members",
                      "step", "out_tokens", "out_logprobs", "_host_tokens", "_host_logprobs", "_cos", "_sin"):
             self.__dict__.pop(name, None)
+        self._cache_memory, self._projection_memory = _close(self._cache_memory), _close(self._projection_memory)
 
     # -- one decode step ----------------------------------------------------------------
 
@@ -516,18 +565,20 @@ def _draw_rows(slots: list[int], rows: int) -> tuple[torch.Tensor, int] | None:
     return None if slots == list(range(rows)) else (torch.tensor(slots), rows)
 
 
-def _stacked(attn) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-    """Empty buffers for ``attn``'s stacked query, key and value projection (weight, bias),
-    or None when one of them is not a plain linear layer."""
+def _close(memory: remap.Remappable | None) -> None:
+    if memory is not None:
+        memory.close()
+
+
+def _stacked_shapes(attn) -> tuple[tuple[int, int], tuple[int] | None] | None:
+    """The shapes of ``attn``'s stacked query, key and value projection (weight, bias), or
+    None when one of them is not a plain linear layer."""
     projections = (attn.q_proj, attn.k_proj, attn.v_proj)
     if any(type(p) is not torch.nn.Linear for p in projections):
         return None
-    weight = projections[0].weight
     rows = sum(p.out_features for p in projections)
-    bias = None
-    if any(p.bias is not None for p in projections):
-        bias = weight.new_empty(rows)
-    return weight.new_empty(rows, weight.shape[1]), bias
+    bias = (rows,) if any(p.bias is not None for p in projections) else None
+    return (rows, projections[0].in_features), bias
 
 
 def _bias(linear) -> torch.Tensor:
@@ -584,17 +635,17 @@ def _rms(x: torch.Tensor, norm) -> torch.Tensor:
     return norm.weight * h.to(x.dtype)
 
 
-def _stacked_gate_ups(layers) -> list[torch.Tensor | None]:
-    """Empty buffers for each layer's gate and up projections stacked into one matrix, where
-    every layer's are plain linear layers without bias and the copies take at most
-    ``GATE_UP_BYTES``; else no buffers. One matmul for the two: on W1 (hidden 896) that took
-    16 µs of the two's 20 at 512 rows; from hidden 1536 on the two run as fast as one."""
+def _gate_up_shapes(layers) -> list[tuple[int, int] | None]:
+    """The shape of each layer's gate and up projections stacked into one matrix, where every
+    layer's are plain linear layers without bias and the copies take at most
+    ``GATE_UP_BYTES``; else None for every layer. One matmul for the two: on W1 (hidden 896)
+    that took 16 µs of the two's 20 at 512 rows; from hidden 1536 on the two run as fast as one."""
     mlps = [layer.mlp for layer in layers]
     plain = all(type(getattr(m, name, None)) is torch.nn.Linear and getattr(m, name).bias is None
                 for m in mlps for name in ("gate_proj", "up_proj", "down_proj"))
     if not plain or sum(2 * m.gate_proj.weight.nbytes for m in mlps) > GATE_UP_BYTES:
         return [None] * len(layers)
-    return [m.gate_proj.weight.new_empty(2 * m.gate_proj.out_features, m.gate_proj.in_features) for m in mlps]
+    return [(2 * m.gate_proj.out_features, m.gate_proj.in_features) for m in mlps]
 
 
 def _mlp(layer, x, attended, gate_up=None):

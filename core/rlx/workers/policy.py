@@ -10,6 +10,7 @@ from rlx import models, ops
 from rlx.algorithm import call_with_accepted, check_loss_output
 from rlx.batch import Batch
 from rlx.checkpoint import load_checkpoint, save_checkpoint
+from rlx.engines import remap
 from rlx.engine import make_engine, save_hf
 from rlx.metrics import add_tensors
 from rlx.workers.forward import Host, batched, chunks, forward_micro_batch, response_logprobs
@@ -57,9 +58,12 @@ class PolicyWorker:
         device = next(self.engine.model.parameters()).device
         memory = {}
         if device.type == "cuda":  # what the step held before the update, and its peak since the last update
+            # the native engine's cache mapped outside PyTorch's allocator (``remap``) counts too
+            peak = torch.cuda.max_memory_allocated(device) + remap.peak_mapped(device)
             memory = {"memory/before_update_gib": torch.cuda.memory_allocated(device) / 2**30,
-                      "memory/rollout_peak_gib": torch.cuda.max_memory_allocated(device) / 2**30}
+                      "memory/rollout_peak_gib": peak / 2**30}
             torch.cuda.reset_peak_memory_stats(device)
+            remap.reset_peak(device)
         agg = dict(token_count=token_count, seq_count=seq_count, max_len=self.r.max_new_tokens)
         totals: dict[str, torch.Tensor] = {}
         # one optimizer step whatever the micro-batches hold: a prompt's samples go together,
@@ -70,9 +74,11 @@ class PolicyWorker:
             add_tensors(totals, self._micro_step(batch.select(index), host.select(index), beta, token_count, agg))
         update = self.engine.step()
         if device.type == "cuda":  # the update's own peak, then the rollout's is counted afresh
-            memory["memory/update_peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
-            memory["memory/peak_reserved_gib"] = torch.cuda.max_memory_reserved(device) / 2**30
+            mapped = remap.peak_mapped(device)
+            memory["memory/update_peak_gib"] = (torch.cuda.max_memory_allocated(device) + mapped) / 2**30
+            memory["memory/peak_reserved_gib"] = (torch.cuda.max_memory_reserved(device) + mapped) / 2**30
             torch.cuda.reset_peak_memory_stats(device)
+            remap.reset_peak(device)
         update.update(memory)
         return {k: v.item() for k, v in totals.items()}, update
 
