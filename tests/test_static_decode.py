@@ -259,6 +259,19 @@ def test_remappable_tensors_are_laid_out_aligned():
     assert not remap.supported(torch.device("cpu"))
 
 
+def test_memory_mapped_outside_pytorch_is_counted_until_the_peak_is_reset(monkeypatch):
+    """What the trainer's memory metrics add to PyTorch's counts (the map and unmap calls
+    that keep the counts run on a GPU only)."""
+    from rlx.engines import remap
+
+    gpu = torch.device("cuda", 0)
+    monkeypatch.setattr(remap, "_mapped", {0: 3 << 30})
+    monkeypatch.setattr(remap, "_peak", {0: 5 << 30})
+    assert remap.mapped(gpu) == 3 << 30 and remap.peak_mapped(gpu) == 5 << 30
+    remap.reset_peak(gpu)
+    assert remap.peak_mapped(gpu) == 3 << 30 and remap.peak_mapped(torch.device("cuda", 1)) == 0
+
+
 def test_the_first_remaining_slot_of_a_prompt_leads_its_samples():
     """The attention kernel reads a prompt's columns once for the slots its first
     remaining slot lists (row r is a sample of prompt r // n), a tile's worth at a time;

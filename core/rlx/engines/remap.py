@@ -48,6 +48,11 @@ _mapped: dict[int, int] = {}  # bytes mapped now, by device index
 _peak: dict[int, int] = {}  # the most mapped since ``reset_peak``
 
 
+def mapped(device: torch.device) -> int:
+    """Bytes mapped on ``device`` now: memory PyTorch's allocator does not count."""
+    return _mapped.get(_index(device), 0)
+
+
 def peak_mapped(device: torch.device) -> int:
     """The most bytes mapped at once on ``device`` since the last ``reset_peak``: memory
     PyTorch's allocator does not count."""

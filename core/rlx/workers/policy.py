@@ -60,7 +60,7 @@ class PolicyWorker:
         if device.type == "cuda":  # what the step held before the update, and its peak since the last update
             # the native engine's cache mapped outside PyTorch's allocator (``remap``) counts too
             peak = torch.cuda.max_memory_allocated(device) + remap.peak_mapped(device)
-            memory = {"memory/before_update_gib": torch.cuda.memory_allocated(device) / 2**30,
+            memory = {"memory/before_update_gib": (torch.cuda.memory_allocated(device) + remap.mapped(device)) / 2**30,
                       "memory/rollout_peak_gib": peak / 2**30}
             torch.cuda.reset_peak_memory_stats(device)
             remap.reset_peak(device)
