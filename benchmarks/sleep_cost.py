@@ -23,6 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from local_overhead import w1_engine  # noqa: E402
+from timing import time_method  # noqa: E402
 
 
 def main() -> None:
@@ -42,20 +43,7 @@ def main() -> None:
     timing = [False]
 
     def timed(cls, name, label):
-        method = getattr(cls, name)
-
-        def wrapper(*a, **k):
-            if not timing[0]:
-                return method(*a, **k)
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            try:
-                return method(*a, **k)
-            finally:
-                torch.cuda.synchronize()
-                parts[label].append(time.perf_counter() - start)
-
-        setattr(cls, name, wrapper)
+        time_method(cls, name, parts[label].append, sync=torch.cuda.synchronize, when=lambda: timing[0])
 
     timed(NativeEngine, "_prefill", "prefill")
     timed(NativeEngine, "_completions", "completions (texts)")

@@ -13,24 +13,11 @@ from __future__ import annotations
 import collections
 import statistics
 import sys
-import time
 
 from rlx.host_memory import huge_pages_for_large_tensors
+from timing import time_method
 
 TIMES: dict[str, list[float]] = collections.defaultdict(list)
-
-
-def timed(cls, name: str) -> None:
-    method = getattr(cls, name)
-
-    def wrapper(self, *args, **kwargs):
-        start = time.perf_counter()
-        try:
-            return method(self, *args, **kwargs)
-        finally:
-            TIMES[f"{cls.__name__}.{name}"].append(time.perf_counter() - start)
-
-    setattr(cls, name, wrapper)
 
 
 if __name__ == "__main__":
@@ -44,7 +31,7 @@ if __name__ == "__main__":
     for cls in (CriticWorker, PolicyWorker, ReferenceWorker, RewardWorker, RolloutWorker):
         for name in ("generate", "logprobs", "values", "train_step", "score"):
             if name in vars(cls):
-                timed(cls, name)
+                time_method(cls, name, TIMES[f"{cls.__name__}.{name}"].append)
     from rlx_cli import main
 
     sys.argv = ["rlx", *sys.argv[1:]]

@@ -178,23 +178,22 @@ class StaticDecoder:
             try:
                 memory = remap.Remappable(self.device, specs)
                 return memory, memory.tensors
-            except (RuntimeError, TypeError) as error:  # a driver that refuses: graphs captured each rollout
+            except RuntimeError as error:  # a driver that refuses: graphs captured each rollout
                 warnings.warn(f"the decode cache's addresses cannot be kept through rollout.sleep ({error})")
                 self.remappable = False
         make = torch.zeros if zeroed else torch.empty
         return None, [make(shape, dtype=dtype, device=self.device) for shape, dtype in specs]
 
-    def sleep(self) -> bool:
+    def sleep(self) -> None:
         """Hand the cache and the stacked projections back while the policy trains. Where
-        they are remappable the graphs stay, to replay over new memory at the same addresses
-        (True); else everything goes, as in ``release`` (False)."""
+        they are remappable the graphs stay, to replay over new memory at the same addresses;
+        else everything goes, as in ``release``."""
         if self._cache_memory is None:
             self.release()
-            return False
+            return
         self._cache_memory.unmap()
         if self._projection_memory is not None:
             self._projection_memory.unmap()
-        return True
 
     def release(self) -> None:
         """Drop the cache, step state, stacked projections and graphs; the next ``run``

@@ -58,12 +58,9 @@ class PolicyWorker:
         device = next(self.engine.model.parameters()).device
         memory = {}
         if device.type == "cuda":  # what the step held before the update, and its peak since the last update
-            # the native engine's cache mapped outside PyTorch's allocator (``remap``) counts too
-            peak = torch.cuda.max_memory_allocated(device) + remap.peak_mapped(device)
+            peak, _ = _peaks(device)
             memory = {"memory/before_update_gib": (torch.cuda.memory_allocated(device) + remap.mapped(device)) / 2**30,
-                      "memory/rollout_peak_gib": peak / 2**30}
-            torch.cuda.reset_peak_memory_stats(device)
-            remap.reset_peak(device)
+                      "memory/rollout_peak_gib": peak}
         agg = dict(token_count=token_count, seq_count=seq_count, max_len=self.r.max_new_tokens)
         totals: dict[str, torch.Tensor] = {}
         # one optimizer step whatever the micro-batches hold: a prompt's samples go together,
@@ -74,11 +71,7 @@ class PolicyWorker:
             add_tensors(totals, self._micro_step(batch.select(index), host.select(index), beta, token_count, agg))
         update = self.engine.step()
         if device.type == "cuda":  # the update's own peak, then the rollout's is counted afresh
-            mapped = remap.peak_mapped(device)
-            memory["memory/update_peak_gib"] = (torch.cuda.max_memory_allocated(device) + mapped) / 2**30
-            memory["memory/peak_reserved_gib"] = (torch.cuda.max_memory_reserved(device) + mapped) / 2**30
-            torch.cuda.reset_peak_memory_stats(device)
-            remap.reset_peak(device)
+            memory["memory/update_peak_gib"], memory["memory/peak_reserved_gib"] = _peaks(device)
         update.update(memory)
         return {k: v.item() for k, v in totals.items()}, update
 
@@ -138,3 +131,14 @@ def own_host(config, host=None):
 
         host = build_host(config.plugins)
     return host, host.algorithms.get(config.algo)
+
+
+def _peaks(device: torch.device) -> tuple[float, float]:
+    """Peak GiB allocated and reserved since the last call, counting the native engine's
+    cache mapped outside PyTorch's allocator (``remap``); both peaks start afresh."""
+    mapped = remap.peak_mapped(device)
+    peaks = ((torch.cuda.max_memory_allocated(device) + mapped) / 2**30,
+             (torch.cuda.max_memory_reserved(device) + mapped) / 2**30)
+    torch.cuda.reset_peak_memory_stats(device)
+    remap.reset_peak(device)
+    return peaks
