@@ -39,4 +39,5 @@ if __name__ == "__main__":
         main()
     finally:
         for key, times in TIMES.items():
-            print(f"{key}: {statistics.median(times[1:] or times):.3f} s (median of {len(times[1:] or times)})")
+            if times:  # a method the run never called has none
+                print(f"{key}: {statistics.median(times[1:] or times):.3f} s (median of {len(times[1:] or times)})")
