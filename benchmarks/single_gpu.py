@@ -19,6 +19,13 @@ from one step's end to the next.
                                              grpo_overlap,grpo_overlap_lean,ppo_mb32_lean,trl]
                                     [--steps 4] [--out DIR] [--profile | --timeline]
 
+The update's tokens/s and MFU are those inside each GRPO run's step (its ``time/train``), the
+log-prob pass's those of the rollout part; tokens/s count every sample's prompt and response
+tokens (what the batch holds), and again only the tokens the passes run (each prompt once per
+micro-batch holding its samples); MFU counts the FLOPs the card computes (``flops.py``)
+against the bf16 matmul rate measured at the start of the call, and against the 790 TFLOP/s
+measured on the H200.
+
 Prints a table and writes ``single_gpu.json`` to ``--out``; with ``--profile`` each rlx run
 is profiled on the host after its first step (``step_profile.py``), into
 ``<arm>_profile.txt`` there; with ``--timeline`` its third step's GPU idle time is traced
@@ -40,9 +47,11 @@ import time
 from pathlib import Path
 
 import torch
+import yaml
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+from flops import matmul_rate, pass_flops  # noqa: E402
 from local_overhead import w1_files  # noqa: E402
 
 PROMPTS, SAMPLES, PROMPT_LEN, NEW_TOKENS = 64, 8, 128, 512
@@ -84,6 +93,17 @@ def timed(fn):
     result = fn()
     torch.cuda.synchronize()
     return result, time.perf_counter() - start
+
+
+def prompt_runs(micro: int) -> int:
+    """How often a prompt is run in a pass of micro-batches of ``micro`` samples, a prompt's
+    samples side by side: once per micro-batch that holds some of them (shared prompts)."""
+    return max(1, -(-SAMPLES // micro))
+
+
+def computed_tokens(micro: int) -> int:
+    """The tokens such a pass runs: each prompt ``prompt_runs`` times, every response."""
+    return PROMPTS * prompt_runs(micro) * PROMPT_LEN + PROMPTS * SAMPLES * NEW_TOKENS
 
 
 def prompt_ids(tokenizer, data: Path) -> list[list[int]]:
@@ -144,7 +164,9 @@ def rollout_part(model_dir: str, data: Path, results: dict) -> None:
         "logp_diff_mean": (diff.sum() / mask.sum()).item(), "logp_diff_max": diff.max().item(),
     }
     tokens = batch.attention_mask.sum().item()
-    results["logprobs"] = {"tokens": tokens, "time_s": logp_time, "tokens_per_s": tokens / logp_time}
+    flops = pass_flops(model.config, PROMPTS, SAMPLES, PROMPT_LEN, NEW_TOKENS, prompt_runs(micro), backward=False)
+    results["logprobs"] = {"tokens": tokens, "time_s": logp_time, "tokens_per_s": tokens / logp_time,
+                           "computed_tokens_per_s": computed_tokens(micro) / logp_time, "flops": flops}
     del model, engine
     torch.cuda.empty_cache()
 
@@ -166,7 +188,9 @@ def rlx_run(algo: str, args: list[str], out: Path, steps: int, profile: Path | N
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     rows = [r for r in rows if "time/rollout" in r]
     step = [r["time/step"] for r in rows]
-    return {"step_s": step, "rollout_s": [r["time/rollout"] for r in rows], "train_s": [r["time/train"] for r in rows],
+    micro = yaml.safe_load((out / "config.yaml").read_text())["training"]["micro_batch_size"]
+    return {"micro_batch_size": micro, "step_s": step, "rollout_s": [r["time/rollout"] for r in rows],
+            "train_s": [r["time/train"] for r in rows],
             "logprobs_s": [r.get("time/logprobs") for r in rows],
             "peak_reserved_gib": [r.get("memory/peak_reserved_gib") for r in rows],
             **{k: [r.get(f"memory/{k}") for r in rows] for k in ("rollout_peak_gib", "before_update_gib", "update_peak_gib")},
@@ -210,6 +234,8 @@ ARMS = {
 
 
 def main() -> None:
+    from transformers import AutoConfig
+
     parser = argparse.ArgumentParser()
     parser.add_argument("--parts", default="rollout,grpo,trl")
     parser.add_argument("--steps", type=int, default=4)
@@ -234,6 +260,8 @@ def main() -> None:
         def save() -> None:  # after each part, so that a call cut short keeps what it measured
             (args.out / "single_gpu.json").write_text(json.dumps(results, indent=1))
 
+        if any(p != "trl" for p in parts):  # what MFU is set against: this card's rate, measured now
+            results["matmul_tflops"] = matmul_rate() / 1e12
         if "trl" in parts:  # the baseline first
             results["trl_grpo"] = trl_grpo(model_dir, data, args.steps)
             save()
@@ -249,17 +277,41 @@ def main() -> None:
                 results[f"rlx_{name}"] = rlx_run(name.split("_")[0], [*workload, *sets], tmp / name, args.steps,
                                                  *traced(name))
                 save()
+        config = AutoConfig.from_pretrained(model_dir)
+    for name, a in results.items():  # the update inside each GRPO run's step: tokens/s and MFU
+        if name.startswith("rlx_grpo"):
+            train = statistics.median(a["train_s"][1:])
+            flops = pass_flops(config, PROMPTS, SAMPLES, PROMPT_LEN, NEW_TOKENS, prompt_runs(a["micro_batch_size"]),
+                               backward=True)
+            a.update(update_s=train, update_tokens_per_s=PROMPTS * SAMPLES * (PROMPT_LEN + NEW_TOKENS) / train,
+                     update_computed_tokens_per_s=computed_tokens(a["micro_batch_size"]) / train,
+                     update_flops=flops, update_mfu=flops / train / (results["matmul_tflops"] * 1e12),
+                     update_mfu_790=flops / train / 790e12)
+    if "logprobs" in results:
+        lp = results["logprobs"]
+        rate = lp["flops"] / lp["time_s"]
+        lp.update(mfu=rate / (results["matmul_tflops"] * 1e12), mfu_790=rate / 790e12)
+    save()
     print(json.dumps(results, indent=1))
+    if "matmul_tflops" in results:
+        print(f"bf16 matmul rate measured here: {results['matmul_tflops']:.0f} TFLOP/s (MFU is set against it, "
+              "and against the 790 TFLOP/s measured on the H200); tokens/s count every sample's prompt and "
+              "response tokens, 'computed' each prompt once per micro-batch as the passes run it")
     if "rollout" in results:
-        r = results["rollout"]
+        r, lp = results["rollout"], results["logprobs"]
         print(f"rollout: rlx {r['rlx_tokens_per_s']:,.0f} tok/s vs model.generate {r['hf_generate_tokens_per_s']:,.0f} "
-              f"({r['ratio_rlx_over_hf']:.2f}x); log-prob pass {results['logprobs']['tokens_per_s']:,.0f} tok/s")
+              f"({r['ratio_rlx_over_hf']:.2f}x); log-prob pass {lp['tokens_per_s']:,.0f} tok/s "
+              f"({lp['computed_tokens_per_s']:,.0f} computed), MFU {lp['mfu']:.1%} ({lp['mfu_790']:.1%} of 790)")
     b = results.get("trl_grpo")
     for name, a in results.items():
         if name.startswith("rlx_grpo") and b is not None:
             print(f"GRPO step: {name} {a['median_step_s']:.2f} s, TRL {b['median_step_s']:.2f} s "
                   f"({b['median_step_s'] / a['median_step_s']:.2f}x); peak GPU memory {a['peak_gib']:.1f} GiB, "
                   f"TRL {b['peak_gib']:.1f} GiB")
+        if name.startswith("rlx_grpo"):
+            print(f"update inside the step: {name} {a['update_s']:.2f} s, {a['update_tokens_per_s']:,.0f} tok/s "
+                  f"({a['update_computed_tokens_per_s']:,.0f} computed), MFU {a['update_mfu']:.1%} "
+                  f"({a['update_mfu_790']:.1%} of 790)")
         elif name.startswith("rlx_ppo"):
             print(f"PPO step: {name} {a['median_step_s']:.2f} s (rollout {statistics.median(a['rollout_s'][1:]):.2f} s, "
                   f"train {statistics.median(a['train_s'][1:]):.2f} s); peak GPU memory {a['peak_gib']:.1f} GiB")
