@@ -4,7 +4,10 @@ the same call:
 
 - rollout: rlx's native engine against ``model.generate`` (same model, prompts and sampling
   settings), in generated tokens/s, and the engine's log-probs against a forward pass;
-- log-prob pass: the policy worker's no-grad log-probs over the rollout's batch, tokens/s;
+- log-prob pass: the policy worker's no-grad log-probs over the rollout's batch, tokens/s,
+  against a plain pass in transformers over a batch of the same shape (``plain``);
+- update: the update inside each GRPO run's step, tokens/s, against a plain bf16 training
+  loop over that batch (``plain``: forward, backward, fused AdamW);
 - GRPO step: ``rlx train --algo grpo`` against TRL's ``GRPOTrainer`` (bf16 weights, no
   gradient checkpointing), each in its own process, with the GPU memory nvidia-smi reports
   sampled every 0.5 s, and the same run in other settings (``ARMS``);
@@ -15,7 +18,7 @@ A step's time is the trainer's ``time/step``: everything from taking a rollout (
 overlap, only the part not hidden behind the last update) to logging the step, as TRL's is
 from one step's end to the next.
 
-    python benchmarks/single_gpu.py [--parts rollout,grpo,grpo_awake,grpo_sleep,grpo_lean,grpo_mb32,grpo_mb32_lean,
+    python benchmarks/single_gpu.py [--parts rollout,plain,grpo,grpo_awake,grpo_sleep,grpo_lean,grpo_mb32,grpo_mb32_lean,
                                              grpo_overlap,grpo_overlap_lean,ppo_mb32_lean,trl]
                                     [--steps 4] [--out DIR] [--profile | --timeline]
 
@@ -26,7 +29,7 @@ micro-batch holding its samples); MFU counts the FLOPs the card computes (``flop
 against the bf16 matmul rate measured at the start of the call, and against the 790 TFLOP/s
 measured on the H200.
 
-Prints a table and writes ``single_gpu.json`` to ``--out``; with ``--profile`` each rlx run
+Prints a Markdown table (``table``) and writes ``single_gpu.json`` to ``--out``; with ``--profile`` each rlx run
 is profiled on the host after its first step (``step_profile.py``), into
 ``<arm>_profile.txt`` there; with ``--timeline`` its third step's GPU idle time is traced
 (``step_timeline.py``) into ``<arm>_timeline.txt``.
@@ -171,6 +174,43 @@ def rollout_part(model_dir: str, data: Path, results: dict) -> None:
     torch.cuda.empty_cache()
 
 
+def plain_part(model_dir: str, results: dict) -> None:
+    """The plain baselines of the same batch (512 rows of 128 + 512 tokens), in transformers
+    and torch alone: a no-grad log-prob pass (logits at the response positions, a float32
+    log-softmax, each token's picked, micro-batches of 64 as rlx's pass) and a bf16 training
+    loop (the same log-probs' mean as the loss, backward, fused AdamW, micro-batches of 16)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16, attn_implementation="sdpa").cuda()
+    ids = torch.randint(10, 1000, (PROMPTS * SAMPLES, PROMPT_LEN + NEW_TOKENS), device="cuda",
+                        generator=torch.Generator("cuda").manual_seed(0))
+
+    def logp(part):
+        logits = model(input_ids=part, logits_to_keep=NEW_TOKENS + 1).logits[:, :-1].float()
+        return torch.log_softmax(logits, -1).gather(-1, part[:, -NEW_TOKENS:, None]).squeeze(-1)
+
+    def logprob_pass():
+        with torch.inference_mode():
+            for part in ids.split(64):
+                logp(part)
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True)
+
+    def train_step():
+        for part in ids.split(16):
+            (-logp(part).mean() * 16 / len(ids)).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    tokens = ids.numel()
+    for name, fn in (("plain_logprobs", logprob_pass), ("plain_update", train_step)):
+        timed(fn)  # warm-up
+        times = [timed(fn)[1] for _ in range(3)]
+        results[name] = {"tokens": tokens, "times_s": times, "tokens_per_s": tokens / statistics.median(times)}
+    del model, optimizer
+    torch.cuda.empty_cache()
+
+
 def rlx_run(algo: str, args: list[str], out: Path, steps: int, profile: Path | None = None,
             plugin: str = "step_profile") -> dict:
     cmd = [sys.executable, "-m", "rlx_cli", "train", "--algo", algo, *args, "--set", "rollout.max_batch_size=512",
@@ -237,7 +277,7 @@ def main() -> None:
     from transformers import AutoConfig
 
     parser = argparse.ArgumentParser()
-    parser.add_argument("--parts", default="rollout,grpo,trl")
+    parser.add_argument("--parts", default="rollout,plain,grpo,trl")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
     parser.add_argument("--profile", action="store_true")
@@ -268,6 +308,9 @@ def main() -> None:
         if "rollout" in parts:
             rollout_part(model_dir, data, results)
             save()
+        if "plain" in parts:
+            plain_part(model_dir, results)
+            save()
         if "grpo" in parts:
             results["rlx_grpo"] = rlx_run("grpo", workload, tmp / "rlx-run", args.steps, *traced("grpo"))
             save()
@@ -293,29 +336,48 @@ def main() -> None:
         lp.update(mfu=rate / (results["matmul_tflops"] * 1e12), mfu_790=rate / 790e12)
     save()
     print(json.dumps(results, indent=1))
-    if "matmul_tflops" in results:
-        print(f"bf16 matmul rate measured here: {results['matmul_tflops']:.0f} TFLOP/s (MFU is set against it, "
-              "and against the 790 TFLOP/s measured on the H200); tokens/s count every sample's prompt and "
-              "response tokens, 'computed' each prompt once per micro-batch as the passes run it")
-    if "rollout" in results:
-        r, lp = results["rollout"], results["logprobs"]
-        print(f"rollout: rlx {r['rlx_tokens_per_s']:,.0f} tok/s vs model.generate {r['hf_generate_tokens_per_s']:,.0f} "
-              f"({r['ratio_rlx_over_hf']:.2f}x); log-prob pass {lp['tokens_per_s']:,.0f} tok/s "
-              f"({lp['computed_tokens_per_s']:,.0f} computed), MFU {lp['mfu']:.1%} ({lp['mfu_790']:.1%} of 790)")
-    b = results.get("trl_grpo")
-    for name, a in results.items():
-        if name.startswith("rlx_grpo") and b is not None:
-            print(f"GRPO step: {name} {a['median_step_s']:.2f} s, TRL {b['median_step_s']:.2f} s "
-                  f"({b['median_step_s'] / a['median_step_s']:.2f}x); peak GPU memory {a['peak_gib']:.1f} GiB, "
-                  f"TRL {b['peak_gib']:.1f} GiB")
-        if name.startswith("rlx_grpo"):
-            print(f"update inside the step: {name} {a['update_s']:.2f} s, {a['update_tokens_per_s']:,.0f} tok/s "
-                  f"({a['update_computed_tokens_per_s']:,.0f} computed), MFU {a['update_mfu']:.1%} "
-                  f"({a['update_mfu_790']:.1%} of 790)")
-        elif name.startswith("rlx_ppo"):
-            print(f"PPO step: {name} {a['median_step_s']:.2f} s (rollout {statistics.median(a['rollout_s'][1:]):.2f} s, "
-                  f"train {statistics.median(a['train_s'][1:]):.2f} s); peak GPU memory {a['peak_gib']:.1f} GiB")
+    print(table(results))
 
+
+def table(results: dict) -> str:
+    """The measurements of a call as a Markdown table: rlx, the baseline of the same call, the ratio."""
+    lines = ["| | rlx | baseline, same call | ratio |", "|---|---|---|---|"]
+
+    def row(what, ours, theirs="", ratio=None):
+        lines.append(f"| {what} | {ours} | {theirs} | {f'{ratio:.2f}x' if ratio else ''} |")
+
+    mfu = lambda x, y: f"MFU {x:.1%} ({y:.1%} of 790 TFLOP/s)"  # noqa: E731
+    if "rollout" in results:
+        r = results["rollout"]
+        row("rollout, generated tokens/s", f"{r['rlx_tokens_per_s']:,.0f}",
+            f"{r['hf_generate_tokens_per_s']:,.0f} (`model.generate`)", r["ratio_rlx_over_hf"])
+    plain_lp, plain_up = results.get("plain_logprobs"), results.get("plain_update")
+    if "logprobs" in results:
+        lp = results["logprobs"]
+        row("log-prob pass, tokens/s", f"{lp['tokens_per_s']:,.0f} ({lp['computed_tokens_per_s']:,.0f} run), "
+            f"{mfu(lp['mfu'], lp['mfu_790'])}", f"{plain_lp['tokens_per_s']:,.0f} (plain)" if plain_lp else "",
+            plain_lp and lp["tokens_per_s"] / plain_lp["tokens_per_s"])
+    trl = results.get("trl_grpo")
+    for name, a in results.items():
+        if name.startswith("rlx_grpo"):
+            row(f"`{name[4:]}` update inside the step, tokens/s",
+                f"{a['update_tokens_per_s']:,.0f} ({a['update_computed_tokens_per_s']:,.0f} run), "
+                f"{mfu(a['update_mfu'], a['update_mfu_790'])}",
+                f"{plain_up['tokens_per_s']:,.0f} (plain bf16 loop)" if plain_up else "",
+                plain_up and a["update_tokens_per_s"] / plain_up["tokens_per_s"])
+            row(f"`{name[4:]}` GRPO step", f"{a['median_step_s']:.2f} s",
+                f"{trl['median_step_s']:.2f} s (TRL)" if trl else "", trl and trl["median_step_s"] / a["median_step_s"])
+            row(f"`{name[4:]}` peak GPU memory", f"{a['peak_gib']:.1f} GiB",
+                f"{trl['peak_gib']:.1f} GiB (TRL)" if trl else "")
+        elif name.startswith("rlx_ppo"):
+            rollout, train = (statistics.median(a[k][1:]) for k in ("rollout_s", "train_s"))
+            row(f"`{name[4:]}` PPO step", f"{a['median_step_s']:.2f} s (rollout {rollout:.2f} s, train {train:.2f} s), "
+                f"peak {a['peak_gib']:.1f} GiB")
+    if "matmul_tflops" in results:
+        lines.append(f"\nbf16 matmul rate measured in this call: {results['matmul_tflops']:.0f} TFLOP/s. "
+                     "tokens/s count every sample's prompt and response tokens; 'run', each prompt once per "
+                     "micro-batch, as the passes run them; MFU counts the FLOPs the card computes (flops.py).")
+    return "\n".join(lines)
 
 if __name__ == "__main__":
     main()
