@@ -38,6 +38,7 @@ is profiled on the host after its first step (``step_profile.py``), into
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import shutil
@@ -96,6 +97,15 @@ def timed(fn):
     result = fn()
     torch.cuda.synchronize()
     return result, time.perf_counter() - start
+
+
+def free_memory(results: dict, key: str) -> None:
+    """Hand this process's GPU memory back before the runs in other processes, whose peaks
+    nvidia-smi counts with it (a model and its optimizer sit in reference cycles that only
+    the collector breaks), and record what is still held."""
+    gc.collect()
+    torch.cuda.empty_cache()
+    results[key] = torch.cuda.memory_reserved() / 2**30
 
 
 def prompt_runs(micro: int) -> int:
@@ -171,7 +181,7 @@ def rollout_part(model_dir: str, data: Path, results: dict) -> None:
     results["logprobs"] = {"tokens": tokens, "time_s": logp_time, "tokens_per_s": tokens / logp_time,
                            "computed_tokens_per_s": computed_tokens(micro) / logp_time, "flops": flops}
     del model, engine
-    torch.cuda.empty_cache()
+    free_memory(results, "rollout_left_gib")
 
 
 def plain_part(model_dir: str, results: dict) -> None:
@@ -208,7 +218,7 @@ def plain_part(model_dir: str, results: dict) -> None:
         times = [timed(fn)[1] for _ in range(3)]
         results[name] = {"tokens": tokens, "times_s": times, "tokens_per_s": tokens / statistics.median(times)}
     del model, optimizer
-    torch.cuda.empty_cache()
+    free_memory(results, "plain_left_gib")
 
 
 def rlx_run(algo: str, args: list[str], out: Path, steps: int, profile: Path | None = None,
