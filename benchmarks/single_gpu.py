@@ -38,8 +38,8 @@ is profiled on the host after its first step (``step_profile.py``), into
 from __future__ import annotations
 
 import argparse
-import gc
 import json
+import multiprocessing
 import os
 import shutil
 import statistics
@@ -99,13 +99,11 @@ def timed(fn):
     return result, time.perf_counter() - start
 
 
-def free_memory(results: dict, key: str) -> None:
-    """Hand this process's GPU memory back before the runs in other processes, whose peaks
-    nvidia-smi counts with it (a model and its optimizer sit in reference cycles that only
-    the collector breaks), and record what is still held."""
-    gc.collect()
-    torch.cuda.empty_cache()
-    results[key] = torch.cuda.memory_reserved() / 2**30
+def own_process(fn, *args):
+    """``fn(*args)`` in a fresh process, so that the GPU memory it held leaves with it before
+    the runs whose nvidia-smi peaks would count it."""
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(fn, args)
 
 
 def prompt_runs(micro: int) -> int:
@@ -181,14 +179,15 @@ def rollout_part(model_dir: str, data: Path, results: dict) -> None:
     results["logprobs"] = {"tokens": tokens, "time_s": logp_time, "tokens_per_s": tokens / logp_time,
                            "computed_tokens_per_s": computed_tokens(micro) / logp_time, "flops": flops}
     del model, engine
-    free_memory(results, "rollout_left_gib")
+    torch.cuda.empty_cache()
 
 
-def plain_part(model_dir: str, results: dict) -> None:
+def plain_part(model_dir: str) -> dict:
     """The plain baselines of the same batch (512 rows of 128 + 512 tokens), in transformers
     and torch alone: a no-grad log-prob pass (logits at the response positions, a float32
     log-softmax, each token's picked, micro-batches of 64 as rlx's pass) and a bf16 training
-    loop (the same log-probs' mean as the loss, backward, fused AdamW, micro-batches of 16)."""
+    loop (the same log-probs' mean as the loss, backward, fused AdamW, micro-batches of 16).
+    Run in a process of its own (``own_process``)."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16, attn_implementation="sdpa").cuda()
@@ -212,13 +211,12 @@ def plain_part(model_dir: str, results: dict) -> None:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    tokens = ids.numel()
+    tokens, results = ids.numel(), {}
     for name, fn in (("plain_logprobs", logprob_pass), ("plain_update", train_step)):
         timed(fn)  # warm-up
         times = [timed(fn)[1] for _ in range(3)]
         results[name] = {"tokens": tokens, "times_s": times, "tokens_per_s": tokens / statistics.median(times)}
-    del model, optimizer
-    free_memory(results, "plain_left_gib")
+    return results
 
 
 def rlx_run(algo: str, args: list[str], out: Path, steps: int, profile: Path | None = None,
@@ -319,7 +317,7 @@ def main() -> None:
             rollout_part(model_dir, data, results)
             save()
         if "plain" in parts:
-            plain_part(model_dir, results)
+            results.update(own_process(plain_part, model_dir))
             save()
         if "grpo" in parts:
             results["rlx_grpo"] = rlx_run("grpo", workload, tmp / "rlx-run", args.steps, *traced("grpo"))
