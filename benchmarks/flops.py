@@ -13,25 +13,39 @@ from __future__ import annotations
 
 
 def counts(config) -> tuple[int, int]:
-    """The decoder layers' parameters (the embedding left out) and the output head's."""
-    h, inner, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
-    d = getattr(config, "head_dim", None) or h // config.num_attention_heads
-    q, kv = config.num_attention_heads * d, config.num_key_value_heads * d
-    bias = q + 2 * kv if getattr(config, "attention_bias", True) else 0  # Qwen2's q, k and v carry biases
-    layer = h * (q + 2 * kv) + bias + q * h + 3 * h * inner + 2 * h
-    return layers * layer + h, config.vocab_size * h
+    """The parameters of the decoder layers' weight matrices, and the output head's, in the
+    model ``config`` builds (on the meta device: no memory); norms and biases run no matmul."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    embedding, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    body = sum(p.numel() for p in model.parameters() if p.dim() == 2 and p is not embedding and p is not head)
+    return body, head.numel()
+
+
+def matmul_flops(config, prompts: int, samples: int, prompt_len: int, response_len: int, prompt_runs: int) -> int:
+    """A forward's matmuls: the decoder's for every token run, the head's for response tokens."""
+    body, head = counts(config)
+    tokens = prompts * prompt_runs * prompt_len + prompts * samples * response_len
+    return 2 * body * tokens + 2 * head * prompts * samples * response_len
+
+
+def attention_flops(config, prompts: int, samples: int, prompt_len: int, response_len: int, prompt_runs: int) -> int:
+    """A forward's attention: q·kᵀ and p·v, 4·heads·head_dim FLOPs a layer for each (query,
+    key) pair of the causal mask; a prompt's pairs once per run, a response's over its
+    prompt and itself."""
+    d = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    pairs = (prompts * prompt_runs * prompt_len * (prompt_len + 1) // 2
+             + prompts * samples * (response_len * prompt_len + response_len * (response_len + 1) // 2))
+    return 4 * config.num_attention_heads * d * config.num_hidden_layers * pairs
 
 
 def pass_flops(config, prompts: int, samples: int, prompt_len: int, response_len: int, prompt_runs: int,
-               backward: bool) -> float:
-    body, head = counts(config)
-    d = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    rows, runs = prompts * samples, prompts * prompt_runs
-    tokens = runs * prompt_len + rows * response_len
-    pairs = (runs * prompt_len * (prompt_len + 1) // 2
-             + rows * (response_len * prompt_len + response_len * (response_len + 1) // 2))
-    attention = 4 * config.num_attention_heads * d * config.num_hidden_layers * pairs
-    forward = 2 * body * tokens + 2 * head * rows * response_len + attention
+               backward: bool) -> int:
+    forward = (matmul_flops(config, prompts, samples, prompt_len, response_len, prompt_runs)
+               + attention_flops(config, prompts, samples, prompt_len, response_len, prompt_runs))
     return forward * (3 if backward else 1)
 
 
