@@ -272,6 +272,23 @@ def test_memory_mapped_outside_pytorch_is_counted_until_the_peak_is_reset(monkey
     assert remap.peak_mapped(gpu) == 3 << 30 and remap.peak_mapped(torch.device("cuda", 1)) == 0
 
 
+def test_the_trainer_s_peaks_add_the_mapped_memory_and_start_afresh(monkeypatch):
+    """The policy worker's memory metrics: PyTorch's peaks plus the peak mapped outside its
+    allocator, in GiB, every count reset after (PyTorch's stand-ins here: no GPU)."""
+    from rlx.engines import remap
+    from rlx.workers import policy
+
+    gpu = torch.device("cuda", 0)
+    stats = {"allocated": 2 << 30, "reserved": 4 << 30}
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: stats["allocated"])
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device: stats["reserved"])
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device: stats.update(allocated=0, reserved=0))
+    monkeypatch.setattr(remap, "_mapped", {0: 0})
+    monkeypatch.setattr(remap, "_peak", {0: 1 << 30})
+    assert policy._peaks(gpu) == (3.0, 5.0)
+    assert policy._peaks(gpu) == (0.0, 0.0)
+
+
 def test_the_first_remaining_slot_of_a_prompt_leads_its_samples():
     """The attention kernel reads a prompt's columns once for the slots its first
     remaining slot lists (row r is a sample of prompt r // n), a tile's worth at a time;
