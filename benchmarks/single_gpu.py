@@ -354,7 +354,9 @@ def table(results: dict) -> str:
     def row(what, ours, theirs="", ratio=None):
         lines.append(f"| {what} | {ours} | {theirs} | {f'{ratio:.2f}x' if ratio else ''} |")
 
-    mfu = lambda x, y: f"MFU {x:.1%} ({y:.1%} of 790 TFLOP/s)"  # noqa: E731
+    def mfu(measured, h200):
+        return f"MFU {measured:.1%} ({h200:.1%} of 790 TFLOP/s)"
+
     if "rollout" in results:
         r = results["rollout"]
         row("rollout, generated tokens/s", f"{r['rlx_tokens_per_s']:,.0f}",
@@ -386,6 +388,7 @@ def table(results: dict) -> str:
                      "tokens/s count every sample's prompt and response tokens; 'run', each prompt once per "
                      "micro-batch, as the passes run them; MFU counts the FLOPs the card computes (flops.py).")
     return "\n".join(lines)
+
 
 if __name__ == "__main__":
     main()
