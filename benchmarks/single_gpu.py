@@ -109,7 +109,7 @@ def own_process(fn, *args):
 def prompt_runs(micro: int) -> int:
     """How often a prompt is run in a pass of micro-batches of ``micro`` samples, a prompt's
     samples side by side: once per micro-batch that holds some of them (shared prompts)."""
-    return max(1, -(-SAMPLES // micro))
+    return -(-SAMPLES // micro)
 
 
 def computed_tokens(micro: int) -> int:

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 
-def best(fn, repeat: int = 7) -> float:
+def median_time(fn, repeat: int = 7) -> float:
     times = []
     for _ in range(repeat):
         start = time.perf_counter()
@@ -41,15 +41,15 @@ def measure(tokenizer_dir: str, whole: bool) -> dict:
     ids = torch.randint(0, 151936, (512, 512), generator=generator)
     logprobs = -torch.rand(512, 512, generator=generator) * 12
     rows, lps = ids.tolist(), logprobs.tolist()
-    out = {"texts_s": best(lambda: texts(tokenizer, rows))}
+    out = {"texts_s": median_time(lambda: texts(tokenizer, rows))}
     if whole:
-        out["texts_row_by_row_s"] = best(lambda: [tokenizer.decode(r, skip_special_tokens=True) for r in rows], 3)
-        out["host_lists_s"] = best(lambda: (ids.tolist(), logprobs.tolist()))
+        out["texts_row_by_row_s"] = median_time(lambda: [tokenizer.decode(r, skip_special_tokens=True) for r in rows], 3)
+        out["host_lists_s"] = median_time(lambda: (ids.tolist(), logprobs.tolist()))
         engine = NativeEngine.__new__(NativeEngine)  # only what _completions reads
         engine.tokenizer, engine.eos_ids = tokenizer, {tokenizer.eos_token_id}
         params = SamplingParams(n=8, max_new_tokens=512)
         finished = Ends(engine.eos_ids, params.stop, tokenizer.decode)
-        out["completions_s"] = best(lambda: engine._completions(0, rows, lps, finished, params))
+        out["completions_s"] = median_time(lambda: engine._completions(0, rows, lps, finished, params))
     return out
 
 
