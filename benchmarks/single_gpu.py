@@ -21,6 +21,10 @@ from one step's end to the next.
     python benchmarks/single_gpu.py [--parts rollout,plain,grpo,grpo_awake,grpo_sleep,grpo_lean,grpo_mb32,grpo_mb32_lean,
                                              grpo_overlap,grpo_overlap_lean,ppo_mb32_lean,trl]
                                     [--steps 4] [--out DIR] [--profile | --timeline]
+                                    [--arm grpo_NAME=key=value,key=value ...]
+
+``--arm`` adds an arm of its own settings to the call (its name, before the ``=``, starts with
+the algorithm), as ``ARMS`` holds the named ones: ``--arm grpo_mb64=rollout.sleep=true,training.micro_batch_size=64``.
 
 The update's tokens/s and MFU are those inside each GRPO run's step (its ``time/train``), the
 log-prob pass's those of the rollout part; tokens/s count every sample's prompt and response
@@ -290,8 +294,16 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--timeline", action="store_true")
+    parser.add_argument("--arm", action="append", default=[], help="NAME=key=value,key=value: an arm of one's own")
     args = parser.parse_args()
     parts = args.parts.split(",")
+    arms = dict(ARMS)
+    for arm in args.arm:
+        name, _, settings = arm.partition("=")
+        if not name.startswith(("grpo_", "ppo_")) or not settings:
+            raise SystemExit(f"--arm {arm!r}: give NAME=key=value,... with NAME starting grpo_ or ppo_")
+        arms[name] = settings.split(",")
+        parts.append(name)
     results: dict = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -322,7 +334,7 @@ def main() -> None:
         if "grpo" in parts:
             results["rlx_grpo"] = rlx_run("grpo", workload, tmp / "rlx-run", args.steps, *traced("grpo"))
             save()
-        for name, settings in ARMS.items():
+        for name, settings in arms.items():
             if name in parts:
                 sets = [a for s in settings for a in ("--set", s)]
                 results[f"rlx_{name}"] = rlx_run(name.split("_")[0], [*workload, *sets], tmp / name, args.steps,
