@@ -224,7 +224,7 @@ def plain_part(model_dir: str) -> dict:
 
 
 def rlx_run(algo: str, args: list[str], out: Path, steps: int, profile: Path | None = None,
-            plugin: str = "step_profile") -> dict:
+            plugin: str = "step_profile", log: Path | None = None) -> dict:
     cmd = [sys.executable, "-m", "rlx_cli", "train", "--algo", algo, *args, "--set", "rollout.max_batch_size=512",
            "--max-steps", str(steps), "--output", str(out)]
     env = os.environ
@@ -237,6 +237,8 @@ def rlx_run(algo: str, args: list[str], out: Path, steps: int, profile: Path | N
         raise SystemExit(f"rlx train failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
     if profile is not None:
         profile.write_text(proc.stdout)
+    if log is not None:  # its warnings, and whatever TORCH_LOGS asks for
+        log.write_text(proc.stderr)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     rows = [r for r in rows if "time/rollout" in r]
     step = [r["time/step"] for r in rows]
@@ -338,7 +340,7 @@ def main() -> None:
             if name in parts:
                 sets = [a for s in settings for a in ("--set", s)]
                 results[f"rlx_{name}"] = rlx_run(name.split("_")[0], [*workload, *sets], tmp / name, args.steps,
-                                                 *traced(name))
+                                                 *traced(name), log=args.out / f"{name}_stderr.txt")
                 save()
         config = AutoConfig.from_pretrained(model_dir)
     for name, a in results.items():  # the update inside each GRPO run's step: tokens/s and MFU
