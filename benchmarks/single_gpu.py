@@ -20,8 +20,11 @@ from one step's end to the next.
 
     python benchmarks/single_gpu.py [--parts rollout,plain,grpo,grpo_awake,grpo_sleep,grpo_lean,grpo_mb32,grpo_mb32_lean,
                                              grpo_overlap,grpo_overlap_lean,ppo_mb32_lean,trl]
-                                    [--steps 4] [--out DIR] [--profile | --timeline]
+                                    [--steps 4] [--trl-steps N] [--out DIR] [--profile | --timeline]
                                     [--arm grpo_NAME=key=value,key=value ...]
+
+``--trl-steps`` runs TRL for more steps than rlx (its step moves by up to half from one step
+to the next on some hosts, so the median of a few is a rough baseline); by default as many.
 
 ``--arm`` adds an arm of its own settings to the call (its name, before the ``=``, starts with
 the algorithm), as ``ARMS`` holds the named ones: ``--arm grpo_mb64=rollout.sleep=true,training.micro_batch_size=64``.
@@ -293,6 +296,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--parts", default="rollout,plain,grpo,trl")
     parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--trl-steps", type=int, default=0, help="TRL's steps (0: --steps)")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--timeline", action="store_true")
@@ -325,7 +329,7 @@ def main() -> None:
         if any(p != "trl" for p in parts):  # what MFU is set against: this card's rate, measured now
             results["matmul_tflops"] = matmul_rate() / 1e12
         if "trl" in parts:  # the baseline first
-            results["trl_grpo"] = trl_grpo(model_dir, data, args.steps)
+            results["trl_grpo"] = trl_grpo(model_dir, data, args.trl_steps or args.steps)
             save()
         if "rollout" in parts:
             rollout_part(model_dir, data, results)
