@@ -338,7 +338,8 @@ def main() -> None:
             results.update(own_process(plain_part, model_dir))
             save()
         if "grpo" in parts:
-            results["rlx_grpo"] = rlx_run("grpo", workload, tmp / "rlx-run", args.steps, *traced("grpo"))
+            results["rlx_grpo"] = rlx_run("grpo", workload, tmp / "rlx-run", args.steps, *traced("grpo"),
+                                          log=args.out / "grpo_stderr.txt")
             save()
         for name, settings in arms.items():
             if name in parts:
