@@ -277,7 +277,7 @@ ARMS = {
     # the defaults on one GPU
     "grpo_lean": ["rollout.sleep=true", "training.compile_memory=0.8"],
     # micro-batches of 32 (50 % MFU on the update alone) with fewer activations kept: 0.6 peaked
-    # 0.1 GiB above TRL, 0.5 1.2 GiB below it at the same speed (docs/benchmarks.md)
+    # 0.1 GiB above TRL, 0.5 1.2 GiB below it at the same speed (docs/benchmarks-log.md)
     "grpo_mb32": ["rollout.sleep=true", "training.micro_batch_size=32", "training.compile_memory=0.6"],
     "grpo_mb32_lean": ["rollout.sleep=true", "training.micro_batch_size=32", "training.compile_memory=0.5"],
     # the next rollout generated while the policy trains, on the same GPU
