@@ -307,9 +307,9 @@ def test_the_first_remaining_slot_of_a_prompt_leads_its_samples():
     fast._allocate(8, 16, torch.float32)
     fast._share_prompts(np.arange(8), 2)
     assert fast.members.tolist() == prompt_members(np.arange(8), 2, 2, 8).tolist()
-    fast._graphs[0] = "a graph reading the groups"
+    fast._graphs[0], fast._pool = "a graph reading the groups", "its memory pool"
     fast._share_prompts(np.arange(8), 1)  # one sample a prompt: each slot reads its own
-    assert fast.members is None and not fast._graphs
+    assert fast.members is None and not fast._graphs and fast._pool is None
 
 
 def tiny(config):

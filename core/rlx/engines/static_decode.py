@@ -106,8 +106,7 @@ class StaticDecoder:
                 self._cache_memory.map()  # after ``sleep``: zeroed memory at the graphs' addresses
             return
         self.rows, self.length = max(rows, self.rows), max(length, self.length)
-        self._graphs.clear()
-        self._pool = None  # a pool outlives the graphs captured into it only with their memory
+        self._drop_graphs()
         self._cache_memory = _close(self._cache_memory)
         shape = (self.rows, self.kv_heads, self.length, self.head_dim)
         on = dict(device=self.device)
@@ -195,12 +194,19 @@ class StaticDecoder:
         if self._projection_memory is not None:
             self._projection_memory.unmap()
 
+    def _drop_graphs(self) -> None:
+        """Forget the captured graphs and their memory pool. A pool outlives its graphs only
+        with their memory: once they were all gone, a capture into it failed an assertion in
+        torch's caching allocator (``use_count > 0``, on an H100). An evaluation's greedy
+        rollout (one sample a prompt) between training rollouts drops the graphs so."""
+        self._graphs.clear()
+        self._pool = None
+
     def release(self) -> None:
         """Drop the cache, step state, stacked projections and graphs; the next ``run``
         allocates and captures again."""
         self.rows = self.length = 0
-        self._graphs.clear()
-        self._pool = None
+        self._drop_graphs()
         self._projections = self._gate_ups = None
         for name in ("keys", "values", "valid", "columns", "slots", "token", "position", "column", "width", "members",
                      "step", "out_tokens", "out_logprobs", "_host_tokens", "_host_logprobs", "_cos", "_sin"):
@@ -520,11 +526,11 @@ class StaticDecoder:
         if not self.triton_attention or per_tile == 1:
             if self.members is not None:
                 self.members = None
-                self._graphs.clear()  # they read the groups
+                self._drop_graphs()  # they read the groups
             return
         if self.members is None or self.members.shape[1] != per_tile:
             self.members = torch.empty(self.rows, per_tile, dtype=torch.long, device=self.device)
-            self._graphs.clear()
+            self._drop_graphs()
         self.members.copy_(torch.from_numpy(prompt_members(slots, n, per_tile, self.rows)))
 
     def _compact(self, alive: np.ndarray, b: int) -> None:
